@@ -1,0 +1,40 @@
+"""The event contract: event models, the envelope and its msgpack codec, the topic catalog."""
+
+from rollwire.schemas.base import BlobPointer, Event, new_id, now_ms
+from rollwire.schemas.deadletter import DeadLetter
+from rollwire.schemas.envelope import DEFAULT_MAX_EVENT_BYTES, Codec, Envelope
+from rollwire.schemas.errors import (
+    CorruptEventError,
+    EventTooLargeError,
+    InvalidEventError,
+    SchemaError,
+    SchemaVersionTooNewError,
+    UnknownEventTypeError,
+)
+from rollwire.schemas.feedback import FeedbackReceived
+from rollwire.schemas.registry import EVENT_TYPES, AnyEvent
+from rollwire.schemas.rollout import (
+    InferenceCall,
+    RolloutCompleted,
+    RolloutError,
+    RolloutTimings,
+    SamplingParams,
+    ScoredRollout,
+    TaskAssigned,
+    TraceNode,
+    TraceRecorded,
+    WeightVersionSpan,
+)
+from rollwire.schemas.topics import CATALOG, Topics, TopicSpec
+from rollwire.schemas.training import RolloutsDropped, Staleness, TrainStepCompleted
+from rollwire.schemas.weights import ReplicaStatus, WeightsPublished
+
+__all__ = [
+    "CATALOG", "DEFAULT_MAX_EVENT_BYTES", "EVENT_TYPES", "AnyEvent", "BlobPointer", "Codec",
+    "CorruptEventError", "DeadLetter", "Envelope", "Event", "EventTooLargeError",
+    "FeedbackReceived", "InferenceCall", "InvalidEventError", "ReplicaStatus", "RolloutCompleted",
+    "RolloutError", "RolloutTimings", "RolloutsDropped", "SamplingParams", "SchemaError",
+    "SchemaVersionTooNewError", "ScoredRollout", "Staleness", "TaskAssigned", "TopicSpec", "Topics",
+    "TraceNode", "TraceRecorded", "TrainStepCompleted", "UnknownEventTypeError",
+    "WeightVersionSpan", "WeightsPublished", "new_id", "now_ms",
+]

@@ -1,0 +1,32 @@
+"""Every event type, once: the discriminated union and the lookup from type tag to model."""
+
+from __future__ import annotations
+
+from typing import Annotated, Union
+
+from pydantic import Field
+
+from rollwire.schemas.base import Event
+from rollwire.schemas.deadletter import DeadLetter
+from rollwire.schemas.feedback import FeedbackReceived
+from rollwire.schemas.rollout import RolloutCompleted, ScoredRollout, TaskAssigned, TraceRecorded
+from rollwire.schemas.training import RolloutsDropped, TrainStepCompleted
+from rollwire.schemas.weights import ReplicaStatus, WeightsPublished
+
+AnyEvent = Annotated[
+    Union[TaskAssigned, RolloutCompleted, TraceRecorded, ScoredRollout, WeightsPublished,
+          ReplicaStatus, TrainStepCompleted, RolloutsDropped, FeedbackReceived, DeadLetter],
+    Field(discriminator="type"),
+]
+"""Any rollwire event, discriminated on its `type` tag."""
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.model_fields["type"].default: cls
+    for cls in AnyEvent.__origin__.__args__  # type: ignore[attr-defined]
+}
+"""Event model by type tag, e.g. `EVENT_TYPES["rollout.completed"] is RolloutCompleted`."""
+
+
+def type_tag(event_cls: type[Event]) -> str:
+    """The `type` tag of an event model."""
+    return event_cls.model_fields["type"].default

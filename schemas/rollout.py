@@ -1,0 +1,254 @@
+"""Events of the rollout path: a task handed out, a rollout finished, its trace, its score.
+
+    dispatcher ──TaskAssigned──▶ env worker ──RolloutCompleted, TraceRecorded──▶ group scorer
+    group scorer ──ScoredRollout──▶ trainer          (topics: see `rollwire.schemas.topics`)
+
+Token sequences are the ids the inference server sampled; nothing downstream re-tokenizes.
+Completion-aligned lists (`completion_logprobs`, `loss_mask`, per-token advantages) all have
+length `len(completion_token_ids)`; validators enforce it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from rollwire.schemas.base import BlobPointer, Event, Part, new_id, now_ms
+
+
+class SamplingParams(Part):
+    """Sampling settings the interception endpoint enforces on every inference call."""
+
+    temperature: float = Field(default=1.0, ge=0.0)
+    """Softmax temperature; 1.0 samples from the policy itself (required for on-policy maths)."""
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    """Nucleus mass; 1.0 disables nucleus filtering."""
+    max_tokens: int = Field(default=256, ge=1)
+    """Most completion tokens per inference call."""
+    stop: tuple[str, ...] = ()
+    """Extra stop strings, besides the model's end-of-sequence token."""
+
+
+class TaskAssigned(Event):
+    """One task for one group of rollouts.
+
+    Produced by the dispatcher on `tasks` (key: group id); consumed by env workers (one consumer
+    group). The worker runs `group_size` rollouts of this task.
+    """
+
+    type: Literal["task.assigned"] = "task.assigned"
+    task_id: str
+    """Identifies the task row within its environment (stable across runs)."""
+    group_id: str = Field(default_factory=new_id)
+    """Identifies the group of rollouts sampled for this task in this run."""
+    environment: str
+    """Registered environment name, e.g. `reverse-digits`."""
+    algorithm: str
+    """Registered advantage algorithm for this group, e.g. `grpo`."""
+    group_size: int = Field(ge=1)
+    """Rollouts to sample for the group."""
+    task: dict[str, object] = Field(default_factory=dict)
+    """The task row as the environment's taskset defines it (prompt, answer, …)."""
+    sampling: SamplingParams = SamplingParams()
+    """Sampling settings for every inference call of these rollouts."""
+    policy_version: int = Field(ge=0)
+    """Newest weight version the dispatcher knew of when it issued the task."""
+    issued_at_ms: int = Field(default_factory=now_ms)
+    """When the dispatcher issued the task (epoch ms)."""
+
+
+class WeightVersionSpan(Part):
+    """Completion tokens `[start, end)` were sampled by weight version `version`."""
+
+    version: int = Field(ge=0)
+    """Weight version that produced these tokens."""
+    start: int = Field(ge=0)
+    """First completion-token index of the span."""
+    end: int = Field(ge=0)
+    """One past the last completion-token index of the span."""
+
+
+class RolloutTimings(Part):
+    """Wall-clock durations of one rollout, in seconds."""
+
+    queued_s: float = Field(default=0.0, ge=0.0)
+    """From the task's issue to the rollout's start."""
+    inference_s: float = Field(default=0.0, ge=0.0)
+    """Time spent waiting on inference calls."""
+    environment_s: float = Field(default=0.0, ge=0.0)
+    """Time spent in the harness and tools outside inference."""
+    scoring_s: float = Field(default=0.0, ge=0.0)
+    """Time spent computing rewards and metrics."""
+
+
+class RolloutError(Part):
+    """Why a rollout has no usable result. Errored rollouts are published, counted, never trained."""
+
+    kind: Literal["harness_crash", "timeout", "inference", "reward", "invalid_task"]
+    """What failed."""
+    message: str
+    """Human-readable reason, e.g. the exception text or the exit code."""
+
+
+class RolloutCompleted(Event):
+    """One finished rollout with exact token provenance.
+
+    Produced by env workers on `rollouts` (key: group id); consumed by the group scorer.
+    """
+
+    type: Literal["rollout.completed"] = "rollout.completed"
+    rollout_id: str = Field(default_factory=new_id)
+    """Unique per rollout; consumers dedupe on it."""
+    group_id: str
+    """The group this rollout belongs to (from its `TaskAssigned`)."""
+    task_id: str
+    """The task row this rollout worked on."""
+    environment: str
+    """Registered environment name."""
+    algorithm: str
+    """Advantage algorithm the scorer applies to this group."""
+    group_size: int = Field(ge=1)
+    """Declared number of rollouts in the group."""
+    sample_index: int = Field(ge=0)
+    """Position of this rollout within its group, `0 <= sample_index < group_size`."""
+    prompt_token_ids: list[int] = Field(default_factory=list)
+    """Token ids of the first prompt, as the server tokenized it. Shape [P]."""
+    completion_token_ids: list[int] = Field(default_factory=list)
+    """Every token after the prompt: sampled tokens and, in multi-turn rollouts, environment and
+    tool tokens between calls. Shape [C]."""
+    completion_logprobs: list[float] = Field(default_factory=list)
+    """Sampler log-probability of each completion token; 0.0 where `loss_mask` is 0. Shape [C]."""
+    loss_mask: list[int] = Field(default_factory=list)
+    """1 where the token was sampled by the policy and is trained on, 0 for environment or tool
+    tokens. Shape [C]."""
+    weight_versions: list[WeightVersionSpan] = Field(default_factory=list)
+    """Which weight version sampled which completion tokens; empty when `error` is set."""
+    rewards: dict[str, float] = Field(default_factory=dict)
+    """Each reward function's value by name, before weighting."""
+    reward: float = 0.0
+    """Weighted sum of `rewards` (the environment's weights); group rewards come later."""
+    metrics: dict[str, float] = Field(default_factory=dict)
+    """Logged-only measurements by name (never used as reward)."""
+    timings: RolloutTimings = RolloutTimings()
+    """Where the rollout's time went."""
+    error: RolloutError | None = None
+    """Why the rollout failed; None for a usable rollout."""
+    trace: BlobPointer | None = None
+    """Where the full trace is stored when it was too large for `TraceRecorded`; None otherwise."""
+
+    @property
+    def min_version(self) -> int | None:
+        """Oldest weight version that sampled any token; None when nothing was sampled."""
+        return min((s.version for s in self.weight_versions), default=None)
+
+    @property
+    def max_version(self) -> int | None:
+        """Newest weight version that sampled any token; None when nothing was sampled."""
+        return max((s.version for s in self.weight_versions), default=None)
+
+    @model_validator(mode="after")
+    def _aligned(self) -> RolloutCompleted:
+        n = len(self.completion_token_ids)
+        if len(self.completion_logprobs) != n or len(self.loss_mask) != n:
+            raise ValueError(
+                f"completion_logprobs ({len(self.completion_logprobs)}) and loss_mask "
+                f"({len(self.loss_mask)}) must have one entry per completion token ({n})")
+        if self.sample_index >= self.group_size:
+            raise ValueError(f"sample_index {self.sample_index} must be < group_size {self.group_size}")
+        for span in self.weight_versions:
+            if not 0 <= span.start <= span.end <= n:
+                raise ValueError(f"weight-version span [{span.start}, {span.end}) lies outside "
+                                 f"the {n} completion tokens")
+        return self
+
+
+class InferenceCall(Part):
+    """One chat-completions call the interception endpoint forwarded and recorded."""
+
+    prompt_token_ids: list[int]
+    """The prompt exactly as the server received it, after chat templating. Shape [P]."""
+    completion_token_ids: list[int]
+    """The tokens the server sampled. Shape [C]."""
+    completion_logprobs: list[float]
+    """Sampler log-probability of each sampled token. Shape [C]."""
+    weight_versions: list[WeightVersionSpan] = Field(default_factory=list)
+    """Which weight version sampled which of this call's tokens."""
+    finish_reason: str | None = None
+    """`stop`, `length`, `tool_calls` …; None if the server gave none."""
+    latency_s: float = Field(default=0.0, ge=0.0)
+    """Wall-clock time of the call."""
+
+
+class TraceNode(Part):
+    """One node of a rollout's message graph."""
+
+    node_id: int = Field(ge=0)
+    """Index of this node within the trace."""
+    parent_id: int | None = None
+    """The node this one follows; None for a root."""
+    branch: int = Field(default=0, ge=0)
+    """0 on the main line; a new number where the conversation forks (sub-agent, or a context that
+    re-rendering would not reproduce token for token)."""
+    kind: Literal["message", "llm_call", "tool_call", "tool_result"]
+    """What this node records."""
+    role: str | None = None
+    """Chat role for messages (`system`, `user`, `assistant`, `tool`); None for other kinds."""
+    content: str = ""
+    """Message or tool text."""
+    call: InferenceCall | None = None
+    """Token-level record for `llm_call` nodes; None for other kinds."""
+
+
+class TraceRecorded(Event):
+    """The message graph of one rollout, with per-call token ids.
+
+    Produced by env workers on `traces` (key: group id); consumed by debugging and replay tools.
+    """
+
+    type: Literal["trace.recorded"] = "trace.recorded"
+    rollout_id: str
+    """The rollout this trace belongs to."""
+    group_id: str
+    """The rollout's group."""
+    nodes: list[TraceNode] = Field(default_factory=list)
+    """The graph, in creation order; empty when `blob` holds it."""
+    blob: BlobPointer | None = None
+    """Where the graph is stored when it is too large for a message; None when `nodes` holds it."""
+
+
+class ScoredRollout(Event):
+    """A rollout with its group rewards applied and its advantage computed.
+
+    Produced by the group scorer on `scored` (key: group id); consumed by the trainer.
+    Exactly one of `advantage` (per sequence) and `token_advantages` (per token) is set.
+    """
+
+    type: Literal["rollout.scored"] = "rollout.scored"
+    rollout: RolloutCompleted
+    """The rollout as the env worker published it."""
+    algorithm: str
+    """Advantage algorithm that produced the advantage."""
+    group_rewards: dict[str, float] = Field(default_factory=dict)
+    """Group reward functions' contributions by name (e.g. a conciseness bonus)."""
+    reward: float
+    """Final reward: the rollout's reward plus the sum of `group_rewards`."""
+    advantage: float | None = None
+    """Sequence-level advantage applied to every trained token; None when per-token."""
+    token_advantages: list[float] | None = None
+    """Per-token advantages, shape [C]; None when sequence-level."""
+    group_reward_mean: float = 0.0
+    """Mean final reward over the scored group, for metrics."""
+
+    @model_validator(mode="after")
+    def _one_advantage(self) -> ScoredRollout:
+        if (self.advantage is None) == (self.token_advantages is None):
+            raise ValueError("set exactly one of advantage (per sequence) and token_advantages (per token)")
+        values = self.token_advantages if self.token_advantages is not None else [self.advantage]
+        if self.token_advantages is not None and len(values) != len(self.rollout.completion_token_ids):
+            raise ValueError(f"token_advantages has {len(values)} entries for "
+                             f"{len(self.rollout.completion_token_ids)} completion tokens")
+        if not all(math.isfinite(v) for v in values) or not math.isfinite(self.reward):
+            raise ValueError("advantages and reward must be finite numbers")
+        return self

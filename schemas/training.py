@@ -1,0 +1,80 @@
+"""Events of the trainer: a completed step, and rollouts dropped with a reason.
+
+Together with `ScoredRollout`, these make every rollout accountable exactly once: trained (listed
+in a `TrainStepCompleted`) or dropped (listed in a `RolloutsDropped` with its reason).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from rollwire.schemas.base import Event, Part, now_ms
+
+
+class Staleness(Part):
+    """Policy-version lag of a batch: trainer version minus each sample's oldest sampling version."""
+
+    min: int = Field(ge=0)
+    """Smallest lag in the batch."""
+    mean: float = Field(ge=0.0)
+    """Mean lag over the batch's rollouts."""
+    max: int = Field(ge=0)
+    """Largest lag in the batch (never above `max_off_policy`)."""
+
+
+class TrainStepCompleted(Event):
+    """One optimizer step and what it trained on.
+
+    Produced by the trainer on `train` (key: policy name); consumed by the dispatcher (to pace
+    work against `max_off_policy`), the run display and metrics writers.
+    """
+
+    type: Literal["train.step_completed"] = "train.step_completed"
+    policy: str = "policy"
+    """Name of the policy being trained."""
+    step: int = Field(ge=0)
+    """Optimizer step number, starting at 1 for the first step."""
+    policy_version: int = Field(ge=0)
+    """Weight version the step produced."""
+    rollout_ids: list[str] = Field(default_factory=list)
+    """Every rollout trained in this step."""
+    loss: float | None = None
+    """Loss of the step; None when the step was skipped."""
+    reward_mean: float = 0.0
+    """Mean final reward of the step's rollouts."""
+    num_tokens: int = Field(default=0, ge=0)
+    """Trained (loss-masked) tokens in the step."""
+    tokens_per_s: float = Field(default=0.0, ge=0.0)
+    """Trained tokens per second of step time."""
+    grad_norm: float | None = None
+    """Gradient norm before clipping; None when skipped."""
+    staleness: Staleness | None = None
+    """Version lag of the batch; None for an empty batch."""
+    drops: dict[str, int] = Field(default_factory=dict)
+    """Rollouts dropped since the previous step, by reason."""
+    skipped_reason: str | None = None
+    """Why the optimizer did not step (e.g. a NaN loss); None when it stepped."""
+    completed_at_ms: int = Field(default_factory=now_ms)
+    """When the step finished (epoch ms)."""
+
+
+class RolloutsDropped(Event):
+    """Rollouts that will never be trained, and why.
+
+    Produced by the group scorer and the trainer on `drops` (key: group id); consumed by
+    accounting and the run display.
+    """
+
+    type: Literal["rollouts.dropped"] = "rollouts.dropped"
+    rollout_ids: list[str]
+    """The dropped rollouts."""
+    group_id: str | None = None
+    """Their group, when all belong to one; None otherwise."""
+    reason: Literal["stale", "invalid", "group_timeout", "errored", "duplicate"]
+    """Why they were dropped."""
+    stage: Literal["scorer", "trainer"]
+    """Which component dropped them."""
+    detail: str = ""
+    """Specifics, e.g. `lag 5 > max_off_policy 4`."""

@@ -1,0 +1,67 @@
+"""Events of the weight path: a version published by the trainer, a replica's status.
+
+    trainer ──WeightsPublished──▶ weights (compacted, key: policy) ──▶ weight subscribers
+    weight subscriber ──ReplicaStatus──▶ fleet ──▶ dispatcher, run display
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from rollwire.schemas.base import Event, now_ms
+
+
+class WeightsPublished(Event):
+    """A complete, verified-on-write weight version in the object store.
+
+    Produced by the trainer on `weights` (compacted; key: policy name, so the topic keeps the
+    latest version per policy); consumed by weight subscribers and the dispatcher.
+    """
+
+    type: Literal["weights.published"] = "weights.published"
+    policy: str = "policy"
+    """Name of the policy being trained (the compaction key)."""
+    version: int = Field(ge=0)
+    """Weight version; strictly increasing per policy. Version 0 is the base model."""
+    step: int = Field(ge=0)
+    """Trainer step that produced these weights."""
+    uri: str
+    """Prefix holding the checkpoint, e.g. `s3://bucket/run/v000012/` or `file:///...`."""
+    format: Literal["full", "lora"] = "full"
+    """Full weights, or a LoRA adapter over `base_model`."""
+    manifest_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    """Hex sha256 of the manifest; subscribers verify the manifest, then every file against it."""
+    base_model: str = ""
+    """Model the weights or adapter belong to (name or path)."""
+    size_bytes: int = Field(default=0, ge=0)
+    """Total bytes of the checkpoint's files."""
+    published_at_ms: int = Field(default_factory=now_ms)
+    """When the manifest was written (epoch ms)."""
+
+
+class ReplicaStatus(Event):
+    """What one inference replica serves, or why it could not load a version.
+
+    Produced by weight subscribers on `fleet` (key: replica id); consumed by the dispatcher and
+    the run display.
+    """
+
+    type: Literal["replica.status"] = "replica.status"
+    replica_id: str
+    """Stable name of the replica (host and port, or a configured name)."""
+    state: Literal["starting", "serving", "reloading", "failed", "stopped"]
+    """Replica state after the change this event reports."""
+    serving_version: int | None = None
+    """Weight version now served; None before the first load."""
+    requested_version: int | None = None
+    """The version this event is about (loaded, or refused); None for start and stop."""
+    bytes_downloaded: int = Field(default=0, ge=0)
+    """Bytes fetched for `requested_version`."""
+    download_s: float = Field(default=0.0, ge=0.0)
+    """Time to download and verify the checkpoint."""
+    swap_s: float = Field(default=0.0, ge=0.0)
+    """Time the engine was paused for the swap."""
+    reason: str | None = None
+    """Why a load failed (state `failed`); None otherwise."""
