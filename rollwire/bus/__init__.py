@@ -1,0 +1,30 @@
+"""The event log: one interface (`base`), two backends (`embedded`, `kafka`), and the typed event
+layer every component uses (`events`)."""
+
+from rollwire.bus.base import (
+    AtOffsets,
+    AtTime,
+    Beginning,
+    Consumer,
+    EventLog,
+    Producer,
+    Record,
+    StartAt,
+    TopicConfig,
+)
+from rollwire.bus.errors import BusError, CommitFailedError, DeliveryError, TopicError
+from rollwire.bus.events import DeadLetters, Delivery, EventConsumer, EventProducer
+from rollwire.bus.settings import (
+    EmbeddedBusSettings,
+    EventBusSettings,
+    KafkaBusSettings,
+    catalog_topics,
+    open_log,
+)
+
+__all__ = [
+    "AtOffsets", "AtTime", "Beginning", "BusError", "CommitFailedError", "Consumer", "DeadLetters",
+    "Delivery", "DeliveryError", "EmbeddedBusSettings", "EventBusSettings", "EventConsumer", "EventLog",
+    "EventProducer", "KafkaBusSettings", "Producer", "Record", "StartAt", "TopicConfig", "TopicError",
+    "catalog_topics", "open_log",
+]

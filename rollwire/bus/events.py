@@ -1,0 +1,137 @@
+"""Events over the log: encode, trace and send; poll, decode, and dead-letter what cannot be used.
+
+    EventProducer.send(topic, event, key)  ── span `send <topic>`, traceparent header, envelope
+    EventConsumer.poll()                   ── Delivery(event, envelope, record), or, for a record
+                                              that is not a valid event, a DeadLetter on the
+                                              dead-letter topic and on to the next record
+    EventConsumer.dead_letter(delivery, error)
+                                           ── for a valid event the component cannot use
+
+A consumer never stops for one bad record. `EventConsumer.commit` flushes the dead letters
+before committing, so a record is never committed past without being either handled or kept.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from rollwire import telemetry
+from rollwire.bus.base import Consumer, Producer, Record
+from rollwire.schemas.base import Event, new_id
+from rollwire.schemas.deadletter import RAW_BYTES_KEPT, DeadLetter
+from rollwire.schemas.envelope import Codec, Envelope
+from rollwire.schemas.errors import SchemaError
+from rollwire.schemas.topics import Topics
+
+logger = logging.getLogger(__name__)
+
+E = TypeVar("E", bound=Event)
+
+
+@dataclass(frozen=True)
+class Delivery(Generic[E]):
+    """One decoded event with the record it came in."""
+
+    envelope: Envelope[E]
+    record: Record
+
+    @property
+    def event(self) -> E:
+        return self.envelope.event
+
+
+class EventProducer:
+    """Sends events to catalog topics, each in a traced, versioned envelope."""
+
+    def __init__(self, producer: Producer, topics: Topics, *, name: str, codec: Codec | None = None):
+        self._producer, self.topics, self.name = producer, topics, name
+        self.codec = codec or Codec()
+
+    def send(self, topic: str, event: Event, *, key: str | bytes | None) -> str:
+        """Queues `event` on `topic` (a full catalog name) and returns its event id."""
+        self.topics.check(topic, event)
+        key_bytes = key.encode() if isinstance(key, str) else key
+        with telemetry.send_span(topic, key_bytes, event.type):  # type: ignore[attr-defined]
+            traceparent = telemetry.current_traceparent()
+            headers = [("traceparent", traceparent.encode())] if traceparent else []
+            event_id = new_id()
+            data = self.codec.encode(event, producer=self.name, event_id=event_id,
+                                     traceparent=traceparent)
+            self._producer.send(topic, data, key=key_bytes, headers=headers)
+        return event_id
+
+    def flush(self, timeout_s: float = 30.0) -> None:
+        self._producer.flush(timeout_s)
+
+    def close(self) -> None:
+        self._producer.close()
+
+
+class DeadLetters:
+    """Writes records a component could not use to the dead-letter topic, with the reason."""
+
+    def __init__(self, producer: EventProducer, component: str) -> None:
+        self._producer, self.component = producer, component
+        self.count = 0
+
+    def send(self, record: Record, error: BaseException | str, *, stage: str = "process") -> None:
+        error_type = type(error).__name__ if isinstance(error, BaseException) else "Rejected"
+        letter = DeadLetter(source_topic=record.topic, partition=record.partition, offset=record.offset,
+                            key=record.key, raw=record.value[:RAW_BYTES_KEPT], raw_size=len(record.value),
+                            stage=stage, error_type=error_type, error=str(error), component=self.component)
+        self._producer.send(self._producer.topics.deadletter, letter, key=record.topic)
+        self.count += 1
+        logger.warning("dead-lettered %s[%d]@%d from %s: %s: %s", record.topic, record.partition,
+                       record.offset, self.component, error_type, error)
+
+    def flush(self) -> None:
+        self._producer.flush()
+
+
+class EventConsumer:
+    """Polls records and yields decoded events; undecodable records go to the dead-letter topic."""
+
+    def __init__(self, consumer: Consumer, dead_letters: DeadLetters, *, codec: Codec | None = None,
+                 group: str | None = None) -> None:
+        self._consumer, self.dead_letters, self.group = consumer, dead_letters, group
+        self.codec = codec or Codec()
+
+    def poll_batch(self, max_records: int, timeout_s: float = 1.0) -> list[Delivery]:
+        """Up to `max_records` decoded events (see `Consumer.poll_batch`); bad records are
+        dead-lettered and left out, so the list can be shorter than what was read."""
+        deliveries = []
+        for record in self._consumer.poll_batch(max_records, timeout_s):
+            try:
+                envelope = self.codec.decode(record.value)
+            except SchemaError as exc:
+                self.dead_letters.send(record, exc, stage="decode")
+                continue
+            deliveries.append(Delivery(envelope=envelope, record=record))
+        return deliveries
+
+    def poll(self, timeout_s: float = 1.0) -> Delivery | None:
+        batch = self.poll_batch(1, timeout_s)
+        return batch[0] if batch else None
+
+    def dead_letter(self, delivery: Delivery | Record, error: BaseException | str) -> None:
+        """Sends a valid event this component cannot use to the dead-letter topic."""
+        record = delivery.record if isinstance(delivery, Delivery) else delivery
+        self.dead_letters.send(record, error, stage="process")
+
+    def process_span(self, delivery: Delivery):
+        """A `process <topic>` span for one delivery, child of its producer's span."""
+        r = delivery.record
+        return telemetry.process_span(r.topic, r.partition, r.offset, r.headers, self.group,
+                                      **{"messaging.message.id": delivery.envelope.event_id})
+
+    def commit(self, deliveries: Sequence[Delivery] | None = None) -> None:
+        """Flushes dead letters, then commits past `deliveries` (default: everything polled,
+        dead-lettered records included)."""
+        self.dead_letters.flush()
+        self._consumer.commit(None if deliveries is None else [d.record for d in deliveries])
+
+    def close(self) -> None:
+        self._consumer.close()

@@ -1,0 +1,310 @@
+"""The event log on Apache Kafka, through confluent-kafka (librdkafka).
+
+Producers are idempotent (acks=all, ordered retries without duplicates) and partition keys with
+murmur2 like the Java client and the embedded log. Consumers never auto-commit and read with
+`isolation.level=read_committed`. librdkafka's own log lines go to the `rollwire.bus.kafka`
+logger. Library exceptions are turned into `rollwire.bus.errors` types at this boundary.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import confluent_kafka
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from rollwire.bus.base import (
+    AtOffsets,
+    AtTime,
+    Beginning,
+    Consumer,
+    EventLog,
+    Headers,
+    OffsetReset,
+    Producer,
+    Record,
+    StartAt,
+    TopicConfig,
+)
+from rollwire.bus.errors import BusError, CommitFailedError, DeliveryError, TopicError
+
+logger = logging.getLogger(__name__)
+
+_FENCED = {KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID, KafkaError.REBALANCE_IN_PROGRESS,
+           KafkaError.FENCED_INSTANCE_ID}
+_SEND_RETRIES = 50
+
+
+def _topic_exists(client: Any, topic: str, timeout_s: float = 10.0) -> int:
+    """Partition count of `topic`, from cluster metadata; raises `TopicError` when absent."""
+    try:
+        meta = client.list_topics(topic=topic, timeout=timeout_s)
+    except KafkaException as exc:
+        raise TopicError(f"could not read metadata for {topic!r}: {exc}") from exc
+    info = meta.topics.get(topic)
+    if info is None or info.error is not None or not info.partitions:
+        raise TopicError(f"topic {topic!r} does not exist on the broker: create it first "
+                         "(EventLog.create_topics, or `rollwire topics create --bus kafka`)")
+    return len(info.partitions)
+
+
+class KafkaProducer(Producer):
+    def __init__(self, config: dict[str, Any]) -> None:
+        self._producer = confluent_kafka.Producer({
+            "enable.idempotence": True,
+            "partitioner": "murmur2_random",
+            "linger.ms": 5,
+            "compression.type": "lz4",
+            "message.timeout.ms": 60000,
+            "message.max.bytes": 64 * 1024 * 1024,  # topics' max.message.bytes is the real limit
+            "logger": logger,
+            **config,
+        })
+        self._known: set[str] = set()
+        self._failures: list[tuple[str, bytes | None, str]] = []
+
+    def _on_delivery(self, err: KafkaError | None, msg: Any) -> None:
+        if err is not None:
+            self._failures.append((msg.topic(), msg.key(), f"{err.name()}: {err.str()}"))
+
+    def send(self, topic: str, value: bytes, *, key: bytes | None = None, headers: Headers = (),
+             timestamp_ms: int | None = None) -> None:
+        if topic not in self._known:
+            _topic_exists(self._producer, topic)
+            self._known.add(topic)
+        kwargs: dict[str, Any] = {"key": key, "value": value, "on_delivery": self._on_delivery}
+        if headers:
+            kwargs["headers"] = list(headers)
+        if timestamp_ms is not None:
+            kwargs["timestamp"] = timestamp_ms
+        for _ in range(_SEND_RETRIES):
+            try:
+                self._producer.produce(topic, **kwargs)
+                break
+            except BufferError:  # local queue full: serve delivery reports, then retry
+                self._producer.poll(0.1)
+            except KafkaException as exc:  # rejected before queuing, e.g. over message.max.bytes
+                self._failures.append((topic, key, str(exc.args[0])))
+                break
+        else:
+            self._failures.append((topic, key, "the producer queue stayed full: flush more often"))
+        self._producer.poll(0)
+
+    def flush(self, timeout_s: float = 30.0) -> None:
+        remaining = self._producer.flush(timeout_s)
+        failures, self._failures = self._failures, []
+        if remaining:
+            failures.append(("*", None, f"{remaining} record(s) still queued after {timeout_s} s"))
+        if failures:
+            shown = "; ".join(f"{t} key={k!r}: {why}" for t, k, why in failures[:5])
+            raise DeliveryError(f"{len(failures)} record(s) were not delivered: {shown}", failures)
+
+    def close(self) -> None:
+        self.flush()
+
+
+class KafkaConsumer(Consumer):
+    """A group member (`group_id` set) or a reader (`start` set)."""
+
+    def __init__(self, config: dict[str, Any], topics: Sequence[str], *, group_id: str | None = None,
+                 reset: OffsetReset = "earliest", session_timeout_s: float = 10.0,
+                 start: StartAt | None = None) -> None:
+        if not topics:
+            raise BusError("a consumer needs at least one topic")
+        session_ms = int(session_timeout_s * 1000)
+        self._grouped = group_id is not None
+        self._consumer = confluent_kafka.Consumer({
+            "group.id": group_id or f"rollwire-reader-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": reset,
+            "isolation.level": "read_committed",
+            "session.timeout.ms": session_ms,
+            "heartbeat.interval.ms": max(100, session_ms // 5),
+            "logger": logger,
+            **config,
+        })
+        self._consumed: dict[tuple[str, int], int] = {}
+        partitions = {t: _topic_exists(self._consumer, t) for t in topics}
+        if self._grouped:
+            self._consumer.subscribe(list(topics), on_revoke=self._on_revoke)
+        else:
+            self._consumer.assign(self._start_positions(partitions, start or Beginning()))
+
+    def _start_positions(self, partitions: dict[str, int], start: StartAt) -> list[TopicPartition]:
+        tps = [TopicPartition(t, p) for t, n in partitions.items() for p in range(n)]
+        if isinstance(start, Beginning):
+            return [TopicPartition(tp.topic, tp.partition, confluent_kafka.OFFSET_BEGINNING) for tp in tps]
+        if isinstance(start, AtOffsets):
+            return [TopicPartition(tp.topic, tp.partition,
+                                   start.offsets.get((tp.topic, tp.partition), confluent_kafka.OFFSET_END))
+                    for tp in tps]
+        if isinstance(start, AtTime):
+            query = [TopicPartition(tp.topic, tp.partition, start.timestamp_ms) for tp in tps]
+            found = self._consumer.offsets_for_times(query, timeout=10.0)
+            return [TopicPartition(tp.topic, tp.partition,
+                                   tp.offset if tp.offset >= 0 else confluent_kafka.OFFSET_END)
+                    for tp in found]
+        raise TypeError(f"unknown start position {start!r}")
+
+    def _on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            self._consumed.pop((tp.topic, tp.partition), None)
+
+    def _record(self, msg: Any) -> Record | None:
+        err = msg.error()
+        if err is not None:
+            if err.code() == KafkaError._PARTITION_EOF:
+                return None
+            if err.fatal():
+                raise BusError(f"fatal consumer error: {err.str()}")
+            logger.warning("consumer error on %s: %s", msg.topic(), err.str())
+            return None
+        _, ts = msg.timestamp()
+        record = Record(topic=msg.topic(), partition=msg.partition(), offset=msg.offset(), key=msg.key(),
+                        value=msg.value() or b"", timestamp_ms=ts, headers=tuple(msg.headers() or ()))
+        self._consumed[(record.topic, record.partition)] = record.offset + 1
+        return record
+
+    def poll_batch(self, max_records: int, timeout_s: float = 1.0) -> list[Record]:
+        deadline = time.monotonic() + timeout_s
+        first = None
+        while first is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return []
+            msg = self._consumer.poll(remaining)
+            if msg is None:
+                return []
+            first = self._record(msg)
+        batch = [first]
+        if max_records > 1:  # whatever else is already fetched, without waiting
+            for msg in self._consumer.consume(max_records - 1, timeout=0):
+                record = self._record(msg)
+                if record is not None:
+                    batch.append(record)
+        return batch
+
+    def poll(self, timeout_s: float = 1.0) -> Record | None:
+        batch = self.poll_batch(1, timeout_s)
+        return batch[0] if batch else None
+
+    def commit(self, records: Iterable[Record] | None = None) -> None:
+        if not self._grouped:
+            raise BusError("a reader has no group to commit to: use EventLog.consumer(group_id=...)")
+        if records is None:
+            offsets = dict(self._consumed)
+        else:
+            offsets = {}
+            for r in records:
+                offsets[(r.topic, r.partition)] = max(offsets.get((r.topic, r.partition), 0), r.offset + 1)
+        if not offsets:
+            return
+        try:
+            self._consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
+                                  asynchronous=False)
+        except KafkaException as exc:
+            err = exc.args[0]
+            if err.code() in _FENCED:
+                raise CommitFailedError(f"commit refused after a rebalance ({err.name()}); the "
+                                        "uncommitted records will be delivered to the new owner") from exc
+            raise BusError(f"commit failed: {err.str()}") from exc
+
+    def assignment(self) -> list[tuple[str, int]]:
+        return sorted((tp.topic, tp.partition) for tp in self._consumer.assignment())
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+class KafkaLog(EventLog):
+    """The event log on a Kafka cluster at `bootstrap_servers`.
+
+    `client_config` adds librdkafka settings (security, SASL, …) to every client;
+    `replication_factor=-1` takes the broker's `default.replication.factor`.
+    """
+
+    def __init__(self, bootstrap_servers: str, *, client_config: dict[str, Any] | None = None,
+                 replication_factor: int = -1) -> None:
+        self._config = {"bootstrap.servers": bootstrap_servers, **(client_config or {})}
+        self._replication_factor = replication_factor
+        self._admin = AdminClient({**self._config, "logger": logger})
+        self._meta: confluent_kafka.Consumer | None = None
+
+    def _metadata_consumer(self) -> confluent_kafka.Consumer:
+        if self._meta is None:
+            self._meta = confluent_kafka.Consumer({**self._config, "group.id": "rollwire-metadata",
+                                                   "enable.auto.commit": False, "logger": logger})
+        return self._meta
+
+    def create_topics(self, topics: Iterable[TopicConfig]) -> None:
+        new = []
+        for t in topics:
+            config = {"cleanup.policy": "compact" if t.compacted else "delete",
+                      "max.message.bytes": str(t.max_message_bytes)}
+            if not t.compacted:
+                config["retention.ms"] = str(t.retention_ms if t.retention_ms is not None else -1)
+            new.append(NewTopic(t.name, num_partitions=t.partitions,
+                                replication_factor=self._replication_factor, config=config))
+        if not new:
+            return
+        for name, future in self._admin.create_topics(new, operation_timeout=30).items():
+            try:
+                future.result()
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise TopicError(f"could not create topic {name!r}: {exc.args[0].str()}") from exc
+        for t in new:  # creation is asynchronous on the brokers: wait until metadata shows it
+            self._wait_for_topic(t.topic)
+
+    def _wait_for_topic(self, topic: str, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            meta = self._admin.list_topics(topic=topic, timeout=10)
+            info = meta.topics.get(topic)
+            if info is not None and info.error is None and info.partitions and \
+                    all(p.leader >= 0 for p in info.partitions.values()):
+                return
+            if time.monotonic() > deadline:
+                raise TopicError(f"topic {topic!r} was created but has no leader after {timeout_s} s")
+            time.sleep(0.1)
+
+    def partitions(self, topic: str) -> int:
+        return _topic_exists(self._admin, topic)
+
+    def producer(self) -> KafkaProducer:
+        return KafkaProducer(self._config)
+
+    def consumer(self, topics: Sequence[str], group_id: str, *, reset: OffsetReset = "earliest",
+                 session_timeout_s: float = 10.0) -> KafkaConsumer:
+        if not group_id:
+            raise BusError("a group consumer needs a non-empty group_id")
+        return KafkaConsumer(self._config, topics, group_id=group_id, reset=reset,
+                             session_timeout_s=session_timeout_s)
+
+    def reader(self, topics: Sequence[str], start: StartAt = Beginning()) -> KafkaConsumer:
+        return KafkaConsumer(self._config, topics, start=start)
+
+    def end_offsets(self, topic: str) -> dict[int, int]:
+        consumer = self._metadata_consumer()
+        n = _topic_exists(consumer, topic)
+        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(n)}
+
+    def committed(self, group_id: str, topic: str) -> dict[int, int]:
+        n = _topic_exists(self._admin, topic)
+        probe = confluent_kafka.Consumer({**self._config, "group.id": group_id, "enable.auto.commit": False,
+                                          "logger": logger})
+        try:
+            found = probe.committed([TopicPartition(topic, p) for p in range(n)], timeout=10)
+        finally:
+            probe.close()
+        return {tp.partition: tp.offset for tp in found if tp.offset >= 0}
+
+    def close(self) -> None:
+        if self._meta is not None:
+            self._meta.close()
+            self._meta = None
