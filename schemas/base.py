@@ -28,7 +28,8 @@ class Event(BaseModel):
     payloads into the current shape.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True,
+                              ser_json_bytes="base64", val_json_bytes="base64")
 
     SCHEMA_VERSION: ClassVar[int] = 1
 
@@ -41,7 +42,8 @@ class Event(BaseModel):
 class Part(BaseModel):
     """A value object nested inside events: immutable, strict, documented field by field."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True,
+                              ser_json_bytes="base64", val_json_bytes="base64")
 
 
 class BlobPointer(Part):

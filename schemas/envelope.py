@@ -66,13 +66,14 @@ class Codec:
         self.max_event_bytes = max_event_bytes
 
     def encode(self, event: Event, *, producer: str, event_id: str | None = None,
-               traceparent: str | None = None) -> bytes:
-        """Returns the msgpack envelope of `event`; raises `EventTooLargeError` over the limit."""
+               traceparent: str | None = None, produced_at_ms: int | None = None) -> bytes:
+        """Returns the msgpack envelope of `event`; raises `EventTooLargeError` over the limit.
+        `event_id` and `produced_at_ms` default to a fresh id and the current time."""
         envelope = {
             "type": event.type,  # type: ignore[attr-defined]
             "schema_version": type(event).SCHEMA_VERSION,
             "event_id": event_id or new_id(),
-            "produced_at_ms": now_ms(),
+            "produced_at_ms": produced_at_ms if produced_at_ms is not None else now_ms(),
             "producer": producer,
             "traceparent": traceparent,
             "payload": event.model_dump(mode="python"),

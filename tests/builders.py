@@ -1,0 +1,99 @@
+"""Small builders of valid events, one per type, for tests. Keyword arguments override fields."""
+
+from __future__ import annotations
+
+from rollwire.schemas import (
+    DeadLetter,
+    Event,
+    FeedbackReceived,
+    InferenceCall,
+    ReplicaStatus,
+    RolloutCompleted,
+    RolloutsDropped,
+    RolloutTimings,
+    ScoredRollout,
+    Staleness,
+    TaskAssigned,
+    TraceNode,
+    TraceRecorded,
+    TrainStepCompleted,
+    WeightsPublished,
+    WeightVersionSpan,
+)
+
+DIGEST = "ab" * 32
+
+
+def task(**kw) -> TaskAssigned:
+    return TaskAssigned(**{"task_id": "rev-00017", "group_id": "group-1", "environment": "reverse-digits",
+                           "algorithm": "grpo", "group_size": 4, "task": {"digits": "40713"},
+                           "policy_version": 3, "issued_at_ms": 1_790_000_000_000, **kw})
+
+
+def rollout(**kw) -> RolloutCompleted:
+    return RolloutCompleted(**{
+        "rollout_id": "rollout-1", "group_id": "group-1", "task_id": "rev-00017",
+        "environment": "reverse-digits", "algorithm": "grpo", "group_size": 4, "sample_index": 0,
+        "prompt_token_ids": [1, 30, 12, 16, 11, 17, 13, 31], "completion_token_ids": [13, 17, 11, 16, 12, 2],
+        "completion_logprobs": [-0.1, -0.2, -0.05, -1.5, -0.3, -0.01], "loss_mask": [1, 1, 1, 1, 1, 1],
+        "weight_versions": [WeightVersionSpan(version=3, start=0, end=4), WeightVersionSpan(version=4, start=4, end=6)],
+        "rewards": {"exact_match": 1.0}, "reward": 1.0, "metrics": {"length": 6.0},
+        "timings": RolloutTimings(queued_s=0.01, inference_s=0.2, environment_s=0.0, scoring_s=0.001), **kw})
+
+
+def trace(**kw) -> TraceRecorded:
+    call = InferenceCall(prompt_token_ids=[1, 30, 12], completion_token_ids=[13, 2],
+                         completion_logprobs=[-0.1, -0.2], weight_versions=[WeightVersionSpan(version=3, start=0, end=2)],
+                         finish_reason="stop", latency_s=0.05)
+    return TraceRecorded(**{"rollout_id": "rollout-1", "group_id": "group-1", "nodes": [
+        TraceNode(node_id=0, kind="message", role="user", content="R:40713>"),
+        TraceNode(node_id=1, parent_id=0, kind="llm_call", call=call),
+        TraceNode(node_id=2, parent_id=1, kind="message", role="assistant", content="31704"),
+    ], **kw})
+
+
+def scored(**kw) -> ScoredRollout:
+    return ScoredRollout(**{"rollout": rollout(), "algorithm": "grpo", "group_rewards": {"shortest_correct": 0.2},
+                            "reward": 1.2, "advantage": 0.6, "group_reward_mean": 0.6, **kw})
+
+
+def weights(**kw) -> WeightsPublished:
+    return WeightsPublished(**{"version": 4, "step": 4, "uri": "s3://rollwire/run/v000004/",
+                               "manifest_sha256": DIGEST, "base_model": "tiny-llama", "size_bytes": 1_700_000,
+                               "published_at_ms": 1_790_000_000_500, **kw})
+
+
+def replica(**kw) -> ReplicaStatus:
+    return ReplicaStatus(**{"replica_id": "127.0.0.1:8000", "state": "serving", "serving_version": 4,
+                            "requested_version": 4, "bytes_downloaded": 1_700_000, "download_s": 0.1,
+                            "swap_s": 0.05, **kw})
+
+
+def train_step(**kw) -> TrainStepCompleted:
+    return TrainStepCompleted(**{"step": 4, "policy_version": 4, "rollout_ids": ["rollout-1", "rollout-2"],
+                                 "loss": 0.12, "reward_mean": 0.6, "num_tokens": 12, "tokens_per_s": 800.0,
+                                 "grad_norm": 1.3, "staleness": Staleness(min=0, mean=0.5, max=1),
+                                 "drops": {"stale": 2}, "completed_at_ms": 1_790_000_000_400, **kw})
+
+
+def dropped(**kw) -> RolloutsDropped:
+    return RolloutsDropped(**{"rollout_ids": ["rollout-9"], "group_id": "group-3", "reason": "stale",
+                              "stage": "trainer", "detail": "lag 5 > max_off_policy 4", **kw})
+
+
+def feedback(**kw) -> FeedbackReceived:
+    return FeedbackReceived(**{"feedback_id": "fb-1", "conversation_id": "conv-1", "source": "chat-app",
+                               "kind": "rating", "rating": -0.5, "messages": [{"role": "user", "content": "hi"}],
+                               "served_version": 4, "received_at_ms": 1_790_000_000_600, **kw})
+
+
+def dead_letter(**kw) -> DeadLetter:
+    return DeadLetter(**{"source_topic": "rollwire.rollouts", "partition": 2, "offset": 17, "key": b"group-1",
+                         "raw": b"\xc1\x00garbage", "raw_size": 9, "stage": "decode",
+                         "error_type": "CorruptEventError", "error": "not a msgpack envelope",
+                         "component": "scorer", **kw})
+
+
+ALL: dict[str, Event] = {e.type: e for e in (task(), rollout(), trace(), scored(), weights(), replica(),
+                                            train_step(), dropped(), feedback(), dead_letter())}
+"""One valid example of every event type, by type tag."""
