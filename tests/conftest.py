@@ -84,3 +84,19 @@ def new_topic(log: EventLog):
 @pytest.fixture
 def group_id() -> str:
     return f"g{uuid.uuid4().hex[:12]}"
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Says how many tests of each service marker ran, so a log shows Kafka was really used."""
+    counts: dict[str, dict[str, int]] = {}
+    for outcome in ("passed", "failed", "error", "skipped"):
+        for report in terminalreporter.stats.get(outcome, []):
+            if report.when != "call" and outcome != "error" and outcome != "skipped":
+                continue
+            for marker in ("kafka",):
+                if marker in report.keywords:
+                    counts.setdefault(marker, {}).setdefault(outcome, 0)
+                    counts[marker][outcome] += 1
+    for marker, by_outcome in counts.items():
+        parts = ", ".join(f"{n} {o}" for o, n in sorted(by_outcome.items()))
+        terminalreporter.write_line(f"{marker} tests against a real service: {parts}")

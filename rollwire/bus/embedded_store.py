@@ -86,7 +86,7 @@ class TopicFile:
         self.path = root / "topics" / f"{name}.sqlite"
         if not self.path.exists():
             raise TopicError(f"topic {name!r} does not exist in {root}: create it first "
-                             "(EventLog.create_topics, or `rollwire topics create`)")
+                             "(EventLog.create_topics, or `rollwire topics --create`)")
         self.conn = connect(self.path, fsync=fsync)
         rows = dict(self.conn.execute("SELECT name, value FROM config").fetchall())
         if "partitions" not in rows:

@@ -49,7 +49,7 @@ def _topic_exists(client: Any, topic: str, timeout_s: float = 10.0) -> int:
     info = meta.topics.get(topic)
     if info is None or info.error is not None or not info.partitions:
         raise TopicError(f"topic {topic!r} does not exist on the broker: create it first "
-                         "(EventLog.create_topics, or `rollwire topics create --bus kafka`)")
+                         "(EventLog.create_topics, or `rollwire topics --create --bus kafka`)")
     return len(info.partitions)
 
 

@@ -1,0 +1,64 @@
+"""The `rollwire` command: help that teaches, and commands that work on a real embedded log."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from builders import rollout
+
+from rollwire.bus import EventProducer, catalog_topics
+from rollwire.bus.embedded import EmbeddedLog
+from rollwire.schemas import Topics
+
+
+def rollwire(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rollwire.cli", *args], capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_help_lists_every_command_with_examples():
+    result = rollwire("--help")
+    assert result.returncode == 0
+    for command in ("topics", "tail"):
+        assert command in result.stdout
+    assert "examples:" in result.stdout
+
+
+def test_topics_create_then_tail_prints_events_and_undecodable_records(tmp_path):
+    log_dir = tmp_path / "log"
+    created = rollwire("topics", "--create", "--log-dir", str(log_dir), "--prefix", "demo")
+    assert created.returncode == 0, created.stderr
+    log = EmbeddedLog(log_dir)
+    topics = Topics("demo")
+    assert set(log.topics()) == {name for name, _ in topics.specs()}
+    producer = EventProducer(log.producer(), topics, name="test")
+    producer.send(topics.rollouts, rollout(), key="group-1")
+    producer.close()
+    raw = log.producer()
+    raw.send(topics.rollouts, b"junk", key=b"group-1")
+    raw.close()
+
+    tailed = rollwire("tail", "rollouts", "--log-dir", str(log_dir), "--prefix", "demo")
+
+    assert tailed.returncode == 0, tailed.stderr
+    lines = [json.loads(line) for line in tailed.stdout.splitlines()]
+    assert lines[0]["type"] == "rollout.completed"
+    assert lines[0]["event"]["rollout_id"] == "rollout-1"
+    assert lines[1]["error"].startswith("CorruptEventError")
+
+
+def test_errors_name_the_fix_and_exit_nonzero(tmp_path):
+    missing = rollwire("tail", "rollouts", "--log-dir", str(tmp_path))
+    assert missing.returncode == 2 and "rollwire topics --create" in missing.stderr
+    bad_age = rollwire("tail", "rollouts", "--since", "5x", "--log-dir", str(tmp_path))
+    assert bad_age.returncode != 0 and "e.g. 90s" in bad_age.stderr
+
+
+def test_topic_creation_is_idempotent_and_keeps_existing_topics(tmp_path):
+    log = EmbeddedLog(tmp_path)
+    topics = Topics("x")
+    log.create_topics(catalog_topics(topics))
+    log.create_topics(catalog_topics(topics))
+    assert log.partitions(topics.rollouts) == 4
