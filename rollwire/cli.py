@@ -123,6 +123,10 @@ def cmd_tail(args: argparse.Namespace) -> int:
                     break
                 for record in batch[: None if args.limit is None else args.limit - printed]:
                     line = {"partition": record.partition, "offset": record.offset}
+                    if record.value is None:
+                        print(json.dumps(line | {"tombstone": (record.key or b"").decode("utf-8", "replace")}))
+                        printed += 1
+                        continue
                     try:
                         env = codec.decode(record.value)
                         line |= {"type": env.type, "event_id": env.event_id, "producer": env.producer,

@@ -10,12 +10,14 @@ from rollwire.schemas.base import Event
 from rollwire.schemas.deadletter import DeadLetter
 from rollwire.schemas.feedback import FeedbackReceived
 from rollwire.schemas.rollout import RolloutCompleted, ScoredRollout, TaskAssigned, TraceRecorded
+from rollwire.schemas.scorer import ScorerGroupState, ScorerTick
 from rollwire.schemas.training import RolloutsDropped, TrainStepCompleted
 from rollwire.schemas.weights import ReplicaStatus, WeightsPublished
 
 AnyEvent = Annotated[
     Union[TaskAssigned, RolloutCompleted, TraceRecorded, ScoredRollout, WeightsPublished,
-          ReplicaStatus, TrainStepCompleted, RolloutsDropped, FeedbackReceived, DeadLetter],
+          ReplicaStatus, TrainStepCompleted, RolloutsDropped, FeedbackReceived, DeadLetter,
+          ScorerGroupState, ScorerTick],
     Field(discriminator="type"),
 ]
 """Any rollwire event, discriminated on its `type` tag."""

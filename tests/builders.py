@@ -12,6 +12,8 @@ from rollwire.schemas import (
     RolloutsDropped,
     RolloutTimings,
     ScoredRollout,
+    ScorerGroupState,
+    ScorerTick,
     Staleness,
     TaskAssigned,
     TraceNode,
@@ -94,6 +96,17 @@ def dead_letter(**kw) -> DeadLetter:
                          "component": "scorer", **kw})
 
 
+def group_state(**kw) -> ScorerGroupState:
+    return ScorerGroupState(**{"group_id": "group-1", "environment": "reverse-digits", "algorithm": "grpo",
+                               "group_size": 4, "first_seen_ms": 1_790_000_000_000, "rollouts": [rollout()],
+                               "rollout_ids": ["rollout-1"], **kw})
+
+
+def tick(**kw) -> ScorerTick:
+    return ScorerTick(**{"at_ms": 1_790_000_000_700, **kw})
+
+
 ALL: dict[str, Event] = {e.type: e for e in (task(), rollout(), trace(), scored(), weights(), replica(),
-                                            train_step(), dropped(), feedback(), dead_letter())}
+                                            train_step(), dropped(), feedback(), dead_letter(),
+                                            group_state(), tick())}
 """One valid example of every event type, by type tag."""

@@ -32,7 +32,8 @@ class Record:
     partition: int
     offset: int
     key: bytes | None
-    value: bytes
+    value: bytes | None
+    """The payload; None for a tombstone (a compacted topic's deletion of `key`)."""
     timestamp_ms: int
     """Create time set by the producer (epoch ms)."""
     headers: tuple[tuple[str, bytes], ...] = ()
@@ -86,9 +87,10 @@ class Producer(ABC):
     """Writes records. `send` buffers; `flush` returns once every buffered record is durable."""
 
     @abstractmethod
-    def send(self, topic: str, value: bytes, *, key: bytes | None = None, headers: Headers = (),
+    def send(self, topic: str, value: bytes | None, *, key: bytes | None = None, headers: Headers = (),
              timestamp_ms: int | None = None) -> None:
-        """Queues one record. Raises `TopicError` for an unknown topic when known at once."""
+        """Queues one record (`value=None` is a tombstone for `key`). Raises `TopicError` for an
+        unknown topic."""
 
     @abstractmethod
     def flush(self, timeout_s: float = 30.0) -> None:
@@ -171,7 +173,7 @@ class EventLog(ABC):
 
     def latest_per_key(self, topic: str, timeout_s: float = 30.0) -> dict[bytes, Record]:
         """The newest record of every key, read from the beginning to the current end — the view
-        a compacted topic promises (records without a key are skipped)."""
+        a compacted topic promises (records without a key are skipped; a tombstone removes its key)."""
         ends = self.end_offsets(topic)
         remaining = {p for p, end in ends.items() if end > 0}
         latest: dict[bytes, Record] = {}
@@ -182,7 +184,10 @@ class EventLog(ABC):
                     raise TimeoutError(f"reading {topic} to its end took over {timeout_s} s")
                 for record in batch:
                     if record.key is not None and record.offset < ends[record.partition]:
-                        latest[record.key] = record
+                        if record.value is None:
+                            latest.pop(record.key, None)
+                        else:
+                            latest[record.key] = record
                     if record.offset >= ends[record.partition] - 1:
                         remaining.discard(record.partition)
         return latest

@@ -62,7 +62,7 @@ class EmbeddedProducer(Producer):
             self._files[topic] = TopicFile(self._root, topic, fsync=self._fsync)
         return self._files[topic]
 
-    def send(self, topic: str, value: bytes, *, key: bytes | None = None, headers: Headers = (),
+    def send(self, topic: str, value: bytes | None, *, key: bytes | None = None, headers: Headers = (),
              timestamp_ms: int | None = None) -> None:
         if self._closed:
             raise BusError("send() on a closed producer")
@@ -116,7 +116,7 @@ class EmbeddedProducer(Producer):
         meta = self._files[topic].meta
         if meta.compacted and record.key is None:
             return f"{topic} is compacted: every record needs a key"
-        if len(record.value) > meta.max_message_bytes:
+        if record.value is not None and len(record.value) > meta.max_message_bytes:
             return (f"record of {len(record.value)} bytes is over {topic}'s max_message_bytes "
                     f"{meta.max_message_bytes}")
         return None

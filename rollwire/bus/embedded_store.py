@@ -36,7 +36,7 @@ CREATE TABLE IF NOT EXISTS records (
     offset INTEGER NOT NULL,
     timestamp_ms INTEGER NOT NULL,
     key BLOB,
-    value BLOB NOT NULL,
+    value BLOB,
     headers BLOB,
     PRIMARY KEY (partition, offset)
 );
@@ -72,7 +72,7 @@ class Append:
 
     partition: int
     key: bytes | None
-    value: bytes
+    value: bytes | None
     headers: tuple[tuple[str, bytes], ...]
     timestamp_ms: int
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from rollwire import telemetry
+from rollwire.errors import ConfigError
 from rollwire.bus.base import Consumer, Producer, Record
 from rollwire.schemas.base import Event, new_id
 from rollwire.schemas.deadletter import RAW_BYTES_KEPT, DeadLetter
@@ -63,6 +64,12 @@ class EventProducer:
             self._producer.send(topic, data, key=key_bytes, headers=headers)
         return event_id
 
+    def send_tombstone(self, topic: str, *, key: str | bytes) -> None:
+        """Queues a tombstone for `key` on a compacted topic: compaction then forgets the key."""
+        if self.topics.spec(topic).cleanup != "compact":
+            raise ConfigError(f"tombstones only make sense on compacted topics, not {topic}")
+        self._producer.send(topic, None, key=key.encode() if isinstance(key, str) else key)
+
     def flush(self, timeout_s: float = 30.0) -> None:
         self._producer.flush(timeout_s)
 
@@ -79,8 +86,9 @@ class DeadLetters:
 
     def send(self, record: Record, error: BaseException | str, *, stage: str = "process") -> None:
         error_type = type(error).__name__ if isinstance(error, BaseException) else "Rejected"
+        value = record.value or b""
         letter = DeadLetter(source_topic=record.topic, partition=record.partition, offset=record.offset,
-                            key=record.key, raw=record.value[:RAW_BYTES_KEPT], raw_size=len(record.value),
+                            key=record.key, raw=value[:RAW_BYTES_KEPT], raw_size=len(value),
                             stage=stage, error_type=error_type, error=str(error), component=self.component)
         self._producer.send(self._producer.topics.deadletter, letter, key=record.topic)
         self.count += 1
@@ -104,6 +112,8 @@ class EventConsumer:
         dead-lettered and left out, so the list can be shorter than what was read."""
         deliveries = []
         for record in self._consumer.poll_batch(max_records, timeout_s):
+            if record.value is None:  # a tombstone deletes a key; it carries no event
+                continue
             try:
                 envelope = self.codec.decode(record.value)
             except SchemaError as exc:

@@ -72,7 +72,7 @@ class KafkaProducer(Producer):
         if err is not None:
             self._failures.append((msg.topic(), msg.key(), f"{err.name()}: {err.str()}"))
 
-    def send(self, topic: str, value: bytes, *, key: bytes | None = None, headers: Headers = (),
+    def send(self, topic: str, value: bytes | None, *, key: bytes | None = None, headers: Headers = (),
              timestamp_ms: int | None = None) -> None:
         if topic not in self._known:
             _topic_exists(self._producer, topic)
@@ -166,7 +166,7 @@ class KafkaConsumer(Consumer):
             return None
         _, ts = msg.timestamp()
         record = Record(topic=msg.topic(), partition=msg.partition(), offset=msg.offset(), key=msg.key(),
-                        value=msg.value() or b"", timestamp_ms=ts, headers=tuple(msg.headers() or ()))
+                        value=msg.value(), timestamp_ms=ts, headers=tuple(msg.headers() or ()))
         self._consumed[(record.topic, record.partition)] = record.offset + 1
         return record
 

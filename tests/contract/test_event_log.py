@@ -120,9 +120,11 @@ def test_a_compacted_topic_gives_the_latest_record_per_key(log, new_topic):
     produce(log, topic, [(f"policy-{k}".encode(), f"v{version}".encode())
                          for version in range(5) for k in range(3)])
 
+    produce(log, topic, [(b"policy-1", None)])  # a tombstone deletes the key
+
     latest = log.latest_per_key(topic)
 
-    assert {k: r.value for k, r in latest.items()} == {f"policy-{k}".encode(): b"v4" for k in range(3)}
+    assert {k: r.value for k, r in latest.items()} == {b"policy-0": b"v4", b"policy-2": b"v4"}
     with log.producer() as producer:
         producer.send(topic, b"no key")
         with pytest.raises(DeliveryError, match="key"):

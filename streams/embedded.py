@@ -1,0 +1,116 @@
+"""The group scorer driven in-process over any event log (the embedded default; Kafka works too).
+
+    reads:  <prefix>.rollouts      (consumer group `scorer`)
+    writes: <prefix>.scored, <prefix>.drops, <prefix>.deadletter,
+            <prefix>.scorer-state  (compacted changelog of the group table, read back on start)
+
+The commit protocol of one `step`:
+
+    # Step 1  poll a batch of rollouts (undecodable records are dead-lettered by the consumer)
+    # Step 2  apply each to its group's state; queue scored and dropped events, state changes,
+    #         and dead letters for rejected rollouts
+    # Step 3  every `tick_s`, time out open groups and forget old closed ones
+    # Step 4  flush the producer: outputs and state are durable
+    # Step 5  commit the consumer's offsets
+
+A crash before Step 5 replays the batch: rollouts already in a restored state are recognised
+by id and ignored, so a group is scored once; a crash between Steps 4 and 5 after a group
+closed can score it again, which the trainer's dedupe on rollout id absorbs (at-least-once).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+
+from rollwire.bus import DeadLetters, EventConsumer, EventLog, EventProducer
+from rollwire.bus.partitioner import partition_for
+from rollwire.schemas.envelope import Codec
+from rollwire.schemas.scorer import ScorerGroupState
+from rollwire.schemas.topics import Topics
+from rollwire.streams.scoring import GroupScorer, Step, route
+
+logger = logging.getLogger(__name__)
+
+
+class EmbeddedScorer:
+    """One scorer process: owns the groups of the rollout partitions its consumer is assigned."""
+
+    def __init__(self, log: EventLog, topics: Topics, scorer: GroupScorer, *, group_id: str = "scorer",
+                 name: str = "scorer", tick_s: float = 1.0, session_timeout_s: float = 10.0) -> None:
+        self.log, self.topics, self.scorer, self.tick_s = log, topics, scorer, tick_s
+        self.state_topic = topics.name("scorer-state")
+        self.producer = EventProducer(log.producer(), topics, name=name)
+        self.consumer = EventConsumer(log.consumer([topics.rollouts], group_id, session_timeout_s=session_timeout_s),
+                                      DeadLetters(self.producer, name), group=group_id)
+        self.partitions = log.partitions(topics.rollouts)
+        self.states: dict[str, ScorerGroupState] = {}
+        self.stats: collections.Counter[str] = collections.Counter()
+        self._owned: frozenset[int] = frozenset()
+        self._next_tick = 0.0
+        self._codec = Codec()
+
+    def _restore(self, owned: frozenset[int]) -> None:
+        """Loads the latest state of every group on the partitions this process now owns."""
+        self.states = {}
+        for key, record in self.log.latest_per_key(self.state_topic).items():
+            if record.value and partition_for(key, self.partitions) in owned:
+                self.states[key.decode()] = self._codec.decode(record.value).event
+        logger.info("scorer owns rollout partitions %s: restored %d groups", sorted(owned), len(self.states))
+
+    def step(self, timeout_s: float = 0.5) -> int:
+        """One pass of the commit protocol; returns the rollouts read."""
+        # Step 1
+        deliveries = self.consumer.poll_batch(500, timeout_s)
+        owned = frozenset(p for _, p in self.consumer.assignment())
+        if owned != self._owned:
+            self._owned = owned
+            self._restore(owned)
+        # Step 2
+        for delivery in deliveries:
+            rollout = delivery.event
+            with self.consumer.process_span(delivery):
+                result = self.scorer.on_rollout(self.states.get(rollout.group_id), rollout)
+                if result.rejected:
+                    self.consumer.dead_letter(delivery, result.rejected)
+                    self.stats["dead_lettered"] += 1
+                self._apply(rollout.group_id, result)
+        # Step 3
+        if time.monotonic() >= self._next_tick:
+            self._next_tick = time.monotonic() + self.tick_s
+            for group_id, state in list(self.states.items()):
+                self._apply(group_id, self.scorer.on_tick(state))
+        # Step 4
+        self.producer.flush()
+        # Step 5
+        self.consumer.commit()
+        return len(deliveries)
+
+    def _apply(self, group_id: str, result: Step) -> None:
+        if result.duplicate:
+            self.stats["duplicates"] += 1
+        for event in result.events:
+            self.producer.send(self.topics.name(route(event)), event, key=group_id)
+            self.stats[event.type] += 1
+        if not result.changed:
+            return
+        if result.state is None:
+            self.states.pop(group_id, None)
+            self.producer.send_tombstone(self.state_topic, key=group_id)
+        else:
+            self.states[group_id] = result.state
+            self.producer.send(self.state_topic, result.state, key=group_id)
+
+    def run(self, stop_after_idle_s: float | None = None) -> None:
+        """Steps until interrupted, or until no rollout arrived for `stop_after_idle_s`."""
+        idle_since = time.monotonic()
+        while True:
+            if self.step():
+                idle_since = time.monotonic()
+            elif stop_after_idle_s is not None and time.monotonic() - idle_since > stop_after_idle_s:
+                return
+
+    def close(self) -> None:
+        self.consumer.close()
+        self.producer.close()

@@ -1,0 +1,179 @@
+"""The group scorer's logic, free of any transport: one pure step per rollout or tick.
+
+    rollouts ──▶ GroupScorer.on_rollout(state, rollout) ──▶ new state + scored / dropped events
+    ticks    ──▶ GroupScorer.on_tick(state)             ──▶ timeouts: partial score or drop
+
+A group closes when `group_size` rollouts have arrived, or when `group_timeout_s` passes after
+its first rollout (scored if at least `min_group_size` rollouts are usable, else dropped with
+reason `group_timeout`). Closing applies the environment's group rewards, then the advantage
+estimator the rollouts name. Errored rollouts close groups but are never trained: they leave as
+`RolloutsDropped(reason="errored")`. Both drivers (faust on Kafka, embedded) call these methods
+and only persist states and send events.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rollwire.schemas.base import Event, now_ms
+from rollwire.schemas.rollout import RolloutCompleted, ScoredRollout
+from rollwire.schemas.scorer import ScorerGroupState
+from rollwire.schemas.training import RolloutsDropped
+from rollwire.streams import advantages
+from rollwire.streams.advantages import GroupSample, UnknownAlgorithmError
+from rollwire.streams.group_rewards import GroupRewardSpec, resolve
+
+TeacherLogprobs = Callable[[Sequence[int], Sequence[int]], list[float]]
+"""`(prompt_token_ids, completion_token_ids) -> teacher logprob of each completion token`."""
+
+
+def route(event: Event) -> str:
+    """The catalog topic (short name) each scorer output goes to."""
+    return {ScoredRollout: "scored", RolloutsDropped: "drops"}[type(event)]
+
+
+class ScorerSettings(BaseModel):
+    """Settings of the group scorer."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    group_timeout_s: float = Field(default=300.0, gt=0)
+    """Seconds after a group's first rollout before it is closed incomplete."""
+    min_group_size: int = Field(default=2, ge=1)
+    """Fewest usable rollouts a group needs to be scored; smaller groups are dropped."""
+    retain_closed_s: float = Field(default=3600.0, ge=0)
+    """How long a closed group's rollout ids are remembered to recognise redeliveries."""
+    group_rewards: dict[str, list[GroupRewardSpec]] = Field(default_factory=dict)
+    """Group rewards per environment name; the key `*` applies to every environment."""
+
+
+@dataclass
+class Step:
+    """What one call produced: the group's new state and the events to send."""
+
+    state: ScorerGroupState | None
+    """The state to store; None deletes it (a tombstone)."""
+    events: list[Event] = field(default_factory=list)
+    """`ScoredRollout` and `RolloutsDropped` events, keyed by group id when sent."""
+    rejected: str | None = None
+    """Why the rollout is unusable: the driver dead-letters it with this reason."""
+    duplicate: bool = False
+    """The rollout was seen before (a redelivery): nothing changed."""
+    changed: bool = False
+    """The state differs from the one passed in and must be stored."""
+
+
+class GroupScorer:
+    """Holds no group data itself: drivers pass each group's state in and store what comes out."""
+
+    def __init__(self, settings: ScorerSettings, *, teacher: TeacherLogprobs | None = None) -> None:
+        self.settings = settings
+        self._teacher = teacher
+        self._group_rewards = {env: [(spec.name, resolve(spec)) for spec in specs]
+                               for env, specs in settings.group_rewards.items()}
+
+    def on_rollout(self, state: ScorerGroupState | None, rollout: RolloutCompleted,
+                   now: int | None = None) -> Step:
+        now = now_ms() if now is None else now
+        if state is not None and rollout.rollout_id in state.rollout_ids:
+            return Step(state, duplicate=True)
+        reason = self._reject_reason(state, rollout)
+        if reason:
+            return Step(state, rejected=reason)
+        if state is None:
+            state = ScorerGroupState(group_id=rollout.group_id, environment=rollout.environment,
+                                     algorithm=rollout.algorithm, group_size=rollout.group_size,
+                                     first_seen_ms=now)
+        state = state.model_copy(update={"rollouts": [*state.rollouts, rollout],
+                                         "rollout_ids": [*state.rollout_ids, rollout.rollout_id]})
+        if len(state.rollouts) < state.group_size:
+            return Step(state, changed=True)
+        return self._close(state, now, timed_out=False)
+
+    def on_tick(self, state: ScorerGroupState, now: int | None = None) -> Step:
+        """Closes a group past its timeout; forgets a closed group past `retain_closed_s`."""
+        now = now_ms() if now is None else now
+        if state.closed_at_ms is not None:
+            if now - state.closed_at_ms >= self.settings.retain_closed_s * 1000:
+                return Step(None, changed=True)
+            return Step(state)
+        if now - state.first_seen_ms >= self.settings.group_timeout_s * 1000:
+            return self._close(state, now, timed_out=True)
+        return Step(state)
+
+    def _reject_reason(self, state: ScorerGroupState | None, rollout: RolloutCompleted) -> str | None:
+        try:
+            advantages.build(rollout.algorithm)
+        except UnknownAlgorithmError as exc:
+            return str(exc)
+        if rollout.error is None:
+            if not rollout.rewards:
+                return "rollout has no rewards and no error: the environment's reward functions did not run"
+            bad = [k for k, v in rollout.rewards.items() if not math.isfinite(v)]
+            if bad or not math.isfinite(rollout.reward):
+                return f"reward {', '.join(bad) or 'total'} is not a finite number"
+        if state is None:
+            return None
+        if state.closed_at_ms is not None:
+            return (f"group {state.group_id} is already closed with {len(state.rollout_ids)} rollouts: "
+                    f"this one is beyond its declared group_size {state.group_size} or arrived late")
+        if (rollout.group_size, rollout.algorithm, rollout.environment) != \
+                (state.group_size, state.algorithm, state.environment):
+            return (f"rollout declares group_size {rollout.group_size}, algorithm {rollout.algorithm!r}, "
+                    f"environment {rollout.environment!r}, but its group has {state.group_size}, "
+                    f"{state.algorithm!r}, {state.environment!r}")
+        if any(r.sample_index == rollout.sample_index for r in state.rollouts):
+            return f"group {state.group_id} already has a rollout with sample_index {rollout.sample_index}"
+        return None
+
+    def _close(self, state: ScorerGroupState, now: int, *, timed_out: bool) -> Step:
+        closed = state.model_copy(update={"rollouts": [], "closed_at_ms": now})
+        usable = [r for r in state.rollouts if r.error is None]
+        errored = [r.rollout_id for r in state.rollouts if r.error is not None]
+        events: list[Event] = []
+        if errored:
+            events.append(RolloutsDropped(rollout_ids=errored, group_id=state.group_id, reason="errored",
+                                          stage="scorer", detail="the env worker reported an error"))
+        if len(usable) < self.settings.min_group_size:
+            if usable:
+                why = (f"{len(state.rollouts)} of {state.group_size} rollouts arrived within "
+                       f"{self.settings.group_timeout_s:g} s" if timed_out else "the others errored")
+                events.append(RolloutsDropped(
+                    rollout_ids=[r.rollout_id for r in usable], group_id=state.group_id,
+                    reason="group_timeout" if timed_out else "invalid", stage="scorer",
+                    detail=f"{len(usable)} usable rollouts < min_group_size {self.settings.min_group_size}: {why}"))
+            return Step(closed, events, changed=True)
+        try:
+            events.extend(self._score(state, usable))
+        except Exception as exc:  # a teacher or estimator failure: account for every rollout
+            events.append(RolloutsDropped(rollout_ids=[r.rollout_id for r in usable], group_id=state.group_id,
+                                          reason="invalid", stage="scorer",
+                                          detail=f"scoring failed: {type(exc).__name__}: {exc}"))
+        return Step(closed, events, changed=True)
+
+    def _score(self, state: ScorerGroupState, usable: list[RolloutCompleted]) -> list[ScoredRollout]:
+        bonuses: list[dict[str, float]] = [{} for _ in usable]
+        for name, fn in self._group_rewards.get("*", []) + self._group_rewards.get(state.environment, []):
+            for i, value in enumerate(fn(usable)):
+                bonuses[i][name] = bonuses[i].get(name, 0.0) + value
+        finals = [r.reward + sum(b.values()) for r, b in zip(usable, bonuses)]
+        estimator = advantages.build(state.algorithm)
+        samples = [GroupSample(reward=f, sampler_logprobs=r.completion_logprobs, loss_mask=r.loss_mask,
+                               teacher_logprobs=self._teacher_logprobs(r) if estimator.needs_teacher else None)
+                   for r, f in zip(usable, finals)]
+        values = estimator(samples)
+        mean = sum(finals) / len(finals)
+        return [ScoredRollout(rollout=r, algorithm=state.algorithm, group_rewards=b, reward=f,
+                              group_reward_mean=mean,
+                              advantage=None if estimator.per_token else v,
+                              token_advantages=v if estimator.per_token else None)
+                for r, b, f, v in zip(usable, bonuses, finals, values)]
+
+    def _teacher_logprobs(self, rollout: RolloutCompleted) -> list[float]:
+        if self._teacher is None:
+            raise RuntimeError(f"algorithm {rollout.algorithm!r} needs a teacher: set scorer.teacher")
+        return self._teacher(rollout.prompt_token_ids, rollout.completion_token_ids)
