@@ -25,6 +25,7 @@ examples:
   rollwire topics --create --bus kafka --bootstrap 127.0.0.1:9092
   rollwire tail rollouts --log-dir runs/demo/log --since 10m
   rollwire tail deadletter --bus kafka --from-beginning --limit 20
+  rollwire score --bus kafka --config scorer.toml   a faust worker of the group scorer
 
 Run `rollwire COMMAND --help` for the options of each command.
 """
@@ -67,6 +68,26 @@ def build_parser() -> argparse.ArgumentParser:
     tail.add_argument("--limit", type=int, default=None, help="stop after N events")
     tail.add_argument("--follow", action="store_true", help="keep waiting for new events (Ctrl-C stops)")
     _add_bus_options(tail)
+
+    score = sub.add_parser(
+        "score", help="run the group scorer: rollouts in, scored rollouts and drops out",
+        description="Holds each group of rollouts until it is complete (or times out), applies group "
+                    "rewards, computes advantages with the algorithm each rollout names, and publishes "
+                    "scored rollouts. On Kafka it runs as a faust-streaming worker (start more with the "
+                    "same --app-id to scale out); on the embedded log it runs in-process.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="settings file (TOML), all keys optional:\n"
+               "  [scorer]\n  group_timeout_s = 300\n  min_group_size = 2\n"
+               "  [scorer.group_rewards]\n"
+               "  reverse-digits = [{ name = \"shortest_correct\", bonus = 0.2, correct = \"exact_match\" }]")
+    score.add_argument("--config", type=Path, help="TOML file with a [scorer] table")
+    score.add_argument("--driver", choices=["faust", "embedded"],
+                       help="faust (default with --bus kafka) or the in-process driver (default, and the "
+                            "only choice, with the embedded log)")
+    score.add_argument("--app-id", default="rollwire-scorer", help="faust app id / consumer group (default: %(default)s)")
+    score.add_argument("--exit-when-idle", type=float, metavar="SECONDS",
+                       help="embedded driver: stop after SECONDS without rollouts (for batch replays)")
+    _add_bus_options(score)
     return parser
 
 
@@ -141,7 +162,51 @@ def cmd_tail(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"topics": cmd_topics, "tail": cmd_tail}
+def _scorer_settings(path: Path | None):
+    import tomllib
+
+    from rollwire.streams.scoring import ScorerSettings
+    if path is None:
+        return ScorerSettings()
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise SystemExit(f"rollwire score: cannot read --config {path}: {exc}")
+    return ScorerSettings.model_validate(data.get("scorer", {}))
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    from rollwire.bus import catalog_topics, open_log
+    from rollwire.schemas.topics import Topics
+    settings = _scorer_settings(args.config)
+    driver = args.driver or ("faust" if args.bus == "kafka" else "embedded")
+    if driver == "faust" and args.bus != "kafka":
+        raise SystemExit("rollwire score: --driver faust needs --bus kafka (faust workers need a Kafka broker)")
+    topics = Topics(args.prefix)
+    log = open_log(_bus_settings(args))
+    log.create_topics(catalog_topics(topics))
+    if driver == "faust":
+        log.close()
+        from rollwire.streams.faust_app import FaustScorerSettings, build_app, run_worker
+        app = build_app(FaustScorerSettings(bootstrap_servers=args.bootstrap, topic_prefix=args.prefix,
+                                            app_id=args.app_id), settings)
+        run_worker(app, loglevel="debug" if args.verbose else "warning")
+        return 0
+    from rollwire.streams.embedded import EmbeddedScorer
+    from rollwire.streams.scoring import GroupScorer
+    service = EmbeddedScorer(log, topics, GroupScorer(settings), group_id=args.app_id)
+    try:
+        service.run(stop_after_idle_s=args.exit_when_idle)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        service.close()
+        log.close()
+    print(json.dumps(dict(service.stats)))
+    return 0
+
+
+COMMANDS = {"topics": cmd_topics, "tail": cmd_tail, "score": cmd_score}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -110,3 +110,19 @@ ALL: dict[str, Event] = {e.type: e for e in (task(), rollout(), trace(), scored(
                                             train_step(), dropped(), feedback(), dead_letter(),
                                             group_state(), tick())}
 """One valid example of every event type, by type tag."""
+
+
+def group_of(group_id: str, rewards: list[float], *, lengths: list[int] | None = None, algorithm: str = "grpo",
+             environment: str = "reverse-digits", errored: tuple[int, ...] = ()) -> list[RolloutCompleted]:
+    """A full group: rollout i has reward `rewards[i]` (as `exact_match`) and `lengths[i]` tokens."""
+    lengths = lengths or [4] * len(rewards)
+    out = []
+    for i, (r, n) in enumerate(zip(rewards, lengths)):
+        error = {"kind": "timeout", "message": "harness exceeded 30 s"} if i in errored else None
+        out.append(RolloutCompleted(
+            rollout_id=f"{group_id}-r{i}", group_id=group_id, task_id=f"task-{group_id}", environment=environment,
+            algorithm=algorithm, group_size=len(rewards), sample_index=i, prompt_token_ids=[1, 2, 3],
+            completion_token_ids=list(range(10, 10 + n)), completion_logprobs=[-0.5] * n, loss_mask=[1] * n,
+            weight_versions=[WeightVersionSpan(version=0, start=0, end=n)] if error is None else [],
+            rewards={} if error else {"exact_match": r}, reward=0.0 if error else r, error=error))
+    return out

@@ -94,9 +94,14 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             if report.when != "call" and outcome != "error" and outcome != "skipped":
                 continue
             for marker in ("kafka",):
-                if marker in report.keywords:
+                if marker in getattr(report, "keywords", {}):
                     counts.setdefault(marker, {}).setdefault(outcome, 0)
                     counts[marker][outcome] += 1
     for marker, by_outcome in counts.items():
         parts = ", ".join(f"{n} {o}" for o, n in sorted(by_outcome.items()))
         terminalreporter.write_line(f"{marker} tests against a real service: {parts}")
+
+
+@pytest.fixture
+def bus_settings_kafka(kafka_bootstrap: str) -> KafkaBusSettings:
+    return KafkaBusSettings(bootstrap_servers=kafka_bootstrap)

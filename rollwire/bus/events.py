@@ -14,7 +14,8 @@ before committing, so a record is never committed past without being either hand
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -44,6 +45,30 @@ class Delivery(Generic[E]):
         return self.envelope.event
 
 
+@dataclass(frozen=True)
+class Outgoing:
+    """An event ready for any producer: key, envelope bytes, headers carrying the trace context."""
+
+    event_id: str
+    key: bytes | None
+    value: bytes
+    headers: list[tuple[str, bytes]]
+
+
+@contextmanager
+def outgoing(topics: Topics, codec: Codec, producer_name: str, topic: str, event: Event,
+             key: str | bytes | None) -> Iterator[Outgoing]:
+    """Checks `event` belongs on `topic` and encodes it inside a `send <topic>` span; hand the
+    result to a producer within the `with` block so the span covers the send."""
+    topics.check(topic, event)
+    key_bytes = key.encode() if isinstance(key, str) else key
+    with telemetry.send_span(topic, key_bytes, event.type):  # type: ignore[attr-defined]
+        traceparent = telemetry.current_traceparent()
+        event_id = new_id()
+        value = codec.encode(event, producer=producer_name, event_id=event_id, traceparent=traceparent)
+        yield Outgoing(event_id, key_bytes, value, [("traceparent", traceparent.encode())] if traceparent else [])
+
+
 class EventProducer:
     """Sends events to catalog topics, each in a traced, versioned envelope."""
 
@@ -53,16 +78,9 @@ class EventProducer:
 
     def send(self, topic: str, event: Event, *, key: str | bytes | None) -> str:
         """Queues `event` on `topic` (a full catalog name) and returns its event id."""
-        self.topics.check(topic, event)
-        key_bytes = key.encode() if isinstance(key, str) else key
-        with telemetry.send_span(topic, key_bytes, event.type):  # type: ignore[attr-defined]
-            traceparent = telemetry.current_traceparent()
-            headers = [("traceparent", traceparent.encode())] if traceparent else []
-            event_id = new_id()
-            data = self.codec.encode(event, producer=self.name, event_id=event_id,
-                                     traceparent=traceparent)
-            self._producer.send(topic, data, key=key_bytes, headers=headers)
-        return event_id
+        with outgoing(self.topics, self.codec, self.name, topic, event, key) as out:
+            self._producer.send(topic, out.value, key=out.key, headers=out.headers)
+        return out.event_id
 
     def send_tombstone(self, topic: str, *, key: str | bytes) -> None:
         """Queues a tombstone for `key` on a compacted topic: compaction then forgets the key."""
@@ -77,6 +95,17 @@ class EventProducer:
         self._producer.close()
 
 
+def dead_letter_for(record: Record, error: BaseException | str, *, stage: str, component: str) -> DeadLetter:
+    """The dead letter for `record`: its origin, (truncated) bytes and the error; logs a warning."""
+    error_type = type(error).__name__ if isinstance(error, BaseException) else "Rejected"
+    value = record.value or b""
+    logger.warning("dead-lettered %s[%d]@%d in %s: %s: %s", record.topic, record.partition, record.offset,
+                   component, error_type, error)
+    return DeadLetter(source_topic=record.topic, partition=record.partition, offset=record.offset,
+                      key=record.key, raw=value[:RAW_BYTES_KEPT], raw_size=len(value), stage=stage,
+                      error_type=error_type, error=str(error), component=component)
+
+
 class DeadLetters:
     """Writes records a component could not use to the dead-letter topic, with the reason."""
 
@@ -85,15 +114,9 @@ class DeadLetters:
         self.count = 0
 
     def send(self, record: Record, error: BaseException | str, *, stage: str = "process") -> None:
-        error_type = type(error).__name__ if isinstance(error, BaseException) else "Rejected"
-        value = record.value or b""
-        letter = DeadLetter(source_topic=record.topic, partition=record.partition, offset=record.offset,
-                            key=record.key, raw=value[:RAW_BYTES_KEPT], raw_size=len(value),
-                            stage=stage, error_type=error_type, error=str(error), component=self.component)
+        letter = dead_letter_for(record, error, stage=stage, component=self.component)
         self._producer.send(self._producer.topics.deadletter, letter, key=record.topic)
         self.count += 1
-        logger.warning("dead-lettered %s[%d]@%d from %s: %s: %s", record.topic, record.partition,
-                       record.offset, self.component, error_type, error)
 
     def flush(self) -> None:
         self._producer.flush()
@@ -142,6 +165,10 @@ class EventConsumer:
         dead-lettered records included)."""
         self.dead_letters.flush()
         self._consumer.commit(None if deliveries is None else [d.record for d in deliveries])
+
+    def assignment(self) -> list[tuple[str, int]]:
+        """The (topic, partition) pairs the underlying consumer reads now."""
+        return self._consumer.assignment()
 
     def close(self) -> None:
         self._consumer.close()

@@ -1,0 +1,168 @@
+"""The group scorer on faust-streaming: the scale-out driver on Kafka.
+
+    reads:  <prefix>.rollouts, <prefix>.scorer-ticks   (one agent, co-partitioned, concurrency 1)
+    writes: <prefix>.scored, <prefix>.drops, <prefix>.deadletter, <prefix>.scorer-ticks
+    table:  `groups`, changelog <prefix>.scorer-state  (the same topic the embedded driver uses)
+
+Scaling is by partitions: start more workers with the same app id and Kafka splits the rollout
+partitions among them; each worker's table holds the groups of its partitions. Agent
+concurrency stays 1 because faust can commit past an event still in flight with more
+(notes/kafka.md). Faust flushes the producer (outputs and changelog) before it commits offsets,
+so delivery is at-least-once; consumers dedupe on rollout id.
+
+Faust tables change only while processing a record of the same partition, so timeouts come as
+tick records: the leader's timer sends one to every partition of `scorer-ticks`, and the agent
+expires the open groups whose key hashes to that partition.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import faust
+from pydantic import BaseModel, ConfigDict, Field
+
+from rollwire import telemetry
+from rollwire.bus.base import Record
+from rollwire.bus.events import dead_letter_for, outgoing
+from rollwire.bus.partitioner import partition_for
+from rollwire.schemas.envelope import Codec
+from rollwire.schemas.errors import SchemaError
+from rollwire.schemas.rollout import RolloutCompleted
+from rollwire.schemas.scorer import ScorerTick
+from rollwire.schemas.topics import Topics
+from rollwire.streams.scoring import GroupScorer, ScorerSettings, Step, route
+
+logger = logging.getLogger(__name__)
+
+
+class FaustScorerSettings(BaseModel):
+    """How the faust worker connects and names itself."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    bootstrap_servers: str
+    """Kafka `host:port[,host:port]`."""
+    topic_prefix: str = "rollwire"
+    """Catalog prefix of the topics the scorer reads and writes."""
+    app_id: str = "rollwire-scorer"
+    """Faust application id: the consumer group, shared by all workers of one scorer."""
+    tick_s: float = Field(default=1.0, gt=0)
+    """Seconds between timeout ticks."""
+    commit_interval_s: float = Field(default=1.0, gt=0)
+    """Seconds between offset commits (each preceded by a producer flush)."""
+    session_timeout_s: float = Field(default=10.0, gt=0)
+    """Seconds without heartbeats before Kafka moves a dead worker's partitions to the others."""
+    replication_factor: int = Field(default=1, ge=1)
+    """Replicas of the topics faust creates for itself (its leader-election topic); use 3 on a
+    production cluster. Catalog topics are created beforehand and keep their own settings."""
+
+
+def _headers(message: Any) -> list[tuple[str, bytes]]:
+    headers = message.headers or []
+    items = headers.items() if isinstance(headers, Mapping) else headers
+    return [(k, v) for k, v in items if isinstance(v, bytes)]
+
+
+Sink = Callable[[str, bytes | None, bytes, list[tuple[str, bytes]]], Awaitable[None]]
+"""`await sink(topic_name, key, value, headers)`: where the agent's output records go."""
+
+
+def build_app(settings: FaustScorerSettings, scorer_settings: ScorerSettings, *,
+              teacher=None, sink: Sink | None = None) -> faust.App:
+    """A faust app with the scoring agent, the tick timer and the group table. Outputs go to
+    their Kafka topics, or to `sink` when given (for broker-free tests of the agent)."""
+    topics = Topics(settings.topic_prefix)
+    scorer = GroupScorer(scorer_settings, teacher=teacher)
+    codec = Codec()
+    app = faust.App(
+        settings.app_id,
+        broker=[f"kafka://{s.strip()}" for s in settings.bootstrap_servers.split(",")],
+        store="memory://",
+        autodiscover=False,
+        web_enabled=False,
+        table_standby_replicas=0,
+        topic_replication_factor=settings.replication_factor,
+        consumer_auto_offset_reset="earliest",
+        broker_commit_interval=settings.commit_interval_s,
+        broker_session_timeout=settings.session_timeout_s,
+        broker_heartbeat_interval=max(0.5, settings.session_timeout_s / 5),
+        producer_acks=-1,
+        processing_guarantee="at_least_once",
+    )
+    raw = {"schema": faust.Schema(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")}
+    partitions = topics.spec(topics.rollouts).partitions
+    state_topic = app.topic(topics.name("scorer-state"), partitions=partitions, internal=False, **raw)
+    ticks_topic = app.topic(topics.name("scorer-ticks"), partitions=partitions, internal=False, **raw)
+    groups = app.Table("groups", default=None, partitions=partitions, changelog_topic=state_topic, **raw)
+    outputs = {name: app.topic(topics.name(name), internal=False, **raw)
+               for name in ("scored", "drops", "deadletter")}
+
+    async def send(topic_name: str, event, key: str) -> None:
+        with outgoing(topics, codec, settings.app_id, topics.name(topic_name), event, key) as out:
+            if sink is not None:
+                await sink(topics.name(topic_name), out.key, out.value, out.headers)
+            else:
+                await outputs[topic_name].send(key=out.key, value=out.value, headers=out.headers)
+
+    async def apply(group_id: str, step: Step) -> None:
+        for event in step.events:
+            await send(route(event), event, group_id)
+        if step.changed:
+            if step.state is None:
+                groups.pop(group_id.encode(), None)
+            else:
+                groups[group_id.encode()] = codec.encode(step.state, producer=settings.app_id)
+
+    def state_of(group_id: str):
+        data = groups.get(group_id.encode())
+        return codec.decode(data).event if data else None
+
+    @app.agent(app.topic(topics.rollouts, topics.name("scorer-ticks"), **raw), concurrency=1)
+    async def score(stream) -> None:
+        async for event in stream.events():
+            m = event.message
+            record = Record(topic=m.topic or topics.rollouts, partition=m.partition, offset=m.offset, key=m.key, value=m.value,
+                            timestamp_ms=int(m.timestamp * 1000), headers=tuple(_headers(m)))
+            with telemetry.process_span(m.topic, m.partition, m.offset, record.headers, settings.app_id):
+                await handle(record)
+
+    async def handle(record: Record) -> None:
+        if record.value is None:
+            return
+        try:
+            decoded = codec.decode(record.value).event
+        except SchemaError as exc:
+            await send("deadletter", dead_letter_for(record, exc, stage="decode", component="scorer"), record.topic)
+            return
+        if isinstance(decoded, ScorerTick):
+            for key in [k for k in list(groups.keys()) if partition_for(k, partitions) == record.partition]:
+                state = state_of(key.decode())
+                if state is not None:
+                    await apply(key.decode(), scorer.on_tick(state))
+            return
+        if not isinstance(decoded, RolloutCompleted):
+            await send("deadletter", dead_letter_for(record, f"{decoded.type} does not belong on {record.topic}",
+                                                     stage="process", component="scorer"), record.topic)
+            return
+        step = scorer.on_rollout(state_of(decoded.group_id), decoded)
+        if step.rejected:
+            await send("deadletter", dead_letter_for(record, step.rejected, stage="process", component="scorer"),
+                       record.topic)
+        await apply(decoded.group_id, step)
+
+    @app.timer(interval=settings.tick_s, on_leader=True)
+    async def tick() -> None:
+        value = codec.encode(ScorerTick(), producer=settings.app_id)
+        for p in range(partitions):
+            await ticks_topic.send(value=value, partition=p)
+
+    return app
+
+
+def run_worker(app: faust.App, loglevel: str = "warning") -> None:
+    """Runs the faust worker in this process until SIGTERM or Ctrl-C."""
+    from faust.worker import Worker
+    Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False).execute_from_commandline()

@@ -1,0 +1,70 @@
+"""The faust scoring agent, broker-free through faust's test context (`memory://` store).
+
+This checks the agent's wiring of the scorer; `tests/integration/test_scorer_recovery.py` proves
+the same app against a real broker, through a crash."""
+
+from __future__ import annotations
+
+import asyncio
+
+from builders import group_of, tick
+
+from rollwire.bus.partitioner import partition_for
+from rollwire.schemas import Codec, DeadLetter, RolloutsDropped, ScoredRollout
+from rollwire.streams.faust_app import FaustScorerSettings, build_app
+from rollwire.streams.scoring import ScorerSettings
+
+
+def run_agent(values: list[tuple[bytes, bytes]], scorer_settings: ScorerSettings) -> list[tuple[str, object]]:
+    sent: list[tuple[str, object]] = []
+
+    async def sink(topic, key, value, headers):
+        sent.append((topic, Codec().decode(value).event))
+
+    app = build_app(FaustScorerSettings(bootstrap_servers="127.0.0.1:1", topic_prefix="unit", app_id="unit-scorer"),
+                    scorer_settings, sink=sink)
+    app.finalize()
+    app.conf.store = "memory://"
+    agent = app.agents["rollwire.streams.faust_app.score"]
+
+    async def drive():
+        async with agent.test_context() as tested:
+            for key, value in values:
+                await asyncio.sleep(0.01)
+                # A tick (no key) goes to partition 0, where the test's groups live too.
+                await tested.put(value, key=key, partition=partition_for(key, 4) if key else 0)
+
+    asyncio.run(drive())
+    return sent
+
+
+def test_the_agent_scores_complete_groups_and_dead_letters_bad_records():
+    codec = Codec()
+    rollouts = group_of("g1", [1, 0, 1, 0]) + group_of("g2", [1, 1])[:1]
+    values = [(r.group_id.encode(), codec.encode(r, producer="t")) for r in rollouts]
+    values.insert(2, (b"g1", b"\x00 not an event"))
+    values.append((b"g1", codec.encode(rollouts[0], producer="t")))  # a redelivery
+
+    sent = run_agent(values, ScorerSettings())
+
+    scored = [e for t, e in sent if isinstance(e, ScoredRollout)]
+    assert [e.rollout.rollout_id for e in scored] == ["g1-r0", "g1-r1", "g1-r2", "g1-r3"]
+    assert [round(e.advantage, 4) for e in scored] == [1.0, -1.0, 1.0, -1.0]
+    assert all(t == "unit.scored" for t, e in sent if isinstance(e, ScoredRollout))
+    letters = [e for t, e in sent if isinstance(e, DeadLetter)]
+    assert [(l.error_type, l.stage, l.raw) for l in letters] == [("CorruptEventError", "decode", b"\x00 not an event")]
+
+
+def test_a_tick_times_out_open_groups_of_its_partition():
+    codec = Codec()
+    lonely = group_of("g-0", [1, 0, 1])[0]
+    elsewhere = group_of("g-z", [1, 0, 1])[0]
+    assert partition_for(b"g-0", 4) == 0 and partition_for(b"g-z", 4) != 0
+    values = [(b"g-0", codec.encode(lonely, producer="t")),
+              (b"g-z", codec.encode(elsewhere, producer="t")),
+              (b"", codec.encode(tick(at_ms=0), producer="t"))]
+
+    sent = run_agent(values, ScorerSettings(group_timeout_s=0.001))
+
+    drops = [e for t, e in sent if isinstance(e, RolloutsDropped)]
+    assert [(d.reason, d.rollout_ids) for d in drops] == [("group_timeout", ["g-0-r0"])]
