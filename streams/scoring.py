@@ -26,6 +26,7 @@ from rollwire.schemas.training import RolloutsDropped
 from rollwire.streams import advantages
 from rollwire.streams.advantages import GroupSample, UnknownAlgorithmError
 from rollwire.streams.group_rewards import GroupRewardSpec, resolve
+from rollwire.streams.teacher import TeacherClient, TeacherSettings
 
 TeacherLogprobs = Callable[[Sequence[int], Sequence[int]], list[float]]
 """`(prompt_token_ids, completion_token_ids) -> teacher logprob of each completion token`."""
@@ -49,6 +50,8 @@ class ScorerSettings(BaseModel):
     """How long a closed group's rollout ids are remembered to recognise redeliveries."""
     group_rewards: dict[str, list[GroupRewardSpec]] = Field(default_factory=dict)
     """Group rewards per environment name; the key `*` applies to every environment."""
+    teacher: TeacherSettings | None = None
+    """The teacher endpoint for on-policy distillation; None when no environment distills."""
 
 
 @dataclass
@@ -72,6 +75,8 @@ class GroupScorer:
 
     def __init__(self, settings: ScorerSettings, *, teacher: TeacherLogprobs | None = None) -> None:
         self.settings = settings
+        if teacher is None and settings.teacher is not None:
+            teacher = TeacherClient(settings.teacher)
         self._teacher = teacher
         self._group_rewards = {env: [(spec.name, resolve(spec)) for spec in specs]
                                for env, specs in settings.group_rewards.items()}

@@ -1,0 +1,153 @@
+"""Rollouts scored per second on one core: the pure scorer, the embedded driver, faust on Kafka.
+
+    python bench/scorer.py [--groups N] [--group-size K]
+
+The baseline is the scorer's logic alone in this process (decode each rollout, `on_rollout`,
+encode each output), measured in the same run; each driver's rate is printed next to it. The
+drivers run pinned to one CPU core. The embedded driver runs in-process over a fresh embedded
+log; the faust worker runs as `rollwire score --bus kafka` against the broker at
+$KAFKA_BOOTSTRAP_SERVERS or a local one (deploy/kafka/broker.py), and its rate is taken between
+the first and the last scored record it wrote (worker start-up excluded).
+The last line is `RESULT name=value ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO / "tests"))
+
+
+def rollouts(groups: int, size: int):
+    from builders import group_of
+    return [r for g in range(groups)
+            for r in group_of(f"bench-{g}", [float((g + i) % 3 == 0) for i in range(size)],
+                              lengths=[20 + (g * i) % 40 for i in range(size)])]
+
+
+def pure_rate(encoded: list[bytes]) -> float:
+    from rollwire.schemas import Codec
+    from rollwire.streams.scoring import GroupScorer, ScorerSettings
+    codec, scorer, states = Codec(), GroupScorer(ScorerSettings()), {}
+    t0 = time.perf_counter()
+    for data in encoded:
+        rollout = codec.decode(data).event
+        step = scorer.on_rollout(states.get(rollout.group_id), rollout)
+        states[rollout.group_id] = step.state
+        for event in step.events:
+            codec.encode(event, producer="bench")
+        codec.encode(step.state, producer="bench")
+    return len(encoded) / (time.perf_counter() - t0)
+
+
+def publish(log, topics, encoded_with_keys) -> None:
+    with log.producer() as producer:
+        for key, value in encoded_with_keys:
+            producer.send(topics.rollouts, value, key=key)
+        producer.flush()
+
+
+def count_scored(log, topics) -> tuple[int, int, int]:
+    """(records, first timestamp, last timestamp) on the scored topic."""
+    from rollwire.bus import Beginning
+    n, first, last = 0, None, None
+    with log.reader([topics.scored], Beginning()) as reader:
+        while batch := reader.poll_batch(5000, 1.0):
+            n += len(batch)
+            stamps = [r.timestamp_ms for r in batch]
+            first = min(stamps + ([first] if first is not None else []))
+            last = max(stamps + ([last] if last is not None else []))
+    return n, first or 0, last or 0
+
+
+def embedded_rate(encoded_with_keys) -> float:
+    from rollwire.bus import catalog_topics
+    from rollwire.bus.embedded import EmbeddedLog
+    from rollwire.schemas import Topics
+    from rollwire.streams.embedded import EmbeddedScorer
+    from rollwire.streams.scoring import GroupScorer, ScorerSettings
+    log, topics = EmbeddedLog(tempfile.mkdtemp(prefix="bench-scorer-")), Topics("bench")
+    log.create_topics(catalog_topics(topics))
+    publish(log, topics, encoded_with_keys)
+    service = EmbeddedScorer(log, topics, GroupScorer(ScorerSettings()), tick_s=3600)
+    t0 = time.perf_counter()
+    while service.stats["rollout.scored"] < len(encoded_with_keys):
+        service.step(timeout_s=0.2)
+    rate = len(encoded_with_keys) / (time.perf_counter() - t0)
+    service.close()
+    return rate
+
+
+def faust_rate(encoded_with_keys, bootstrap: str) -> float:
+    from rollwire.bus import catalog_topics
+    from rollwire.bus.kafka import KafkaLog
+    from rollwire.schemas import Topics
+    prefix = f"bench{uuid.uuid4().hex[:8]}"
+    log, topics = KafkaLog(bootstrap), Topics(prefix)
+    log.create_topics(catalog_topics(topics))
+    publish(log, topics, encoded_with_keys)
+    worker = subprocess.Popen(["taskset", "-c", "0", sys.executable, "-m", "rollwire.cli", "score", "--bus", "kafka",
+                               "--bootstrap", bootstrap, "--prefix", prefix, "--app-id", f"{prefix}-scorer"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            n, first, last = count_scored(log, topics)
+            if n >= len(encoded_with_keys):
+                break
+            time.sleep(2)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=60)
+        log.close()
+    if n < len(encoded_with_keys):
+        raise SystemExit(f"faust scored only {n} of {len(encoded_with_keys)} rollouts in 10 minutes")
+    return len(encoded_with_keys) / max(1e-3, (last - first) / 1000)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--groups", type=int, default=500, help="groups to score (default %(default)s)")
+    parser.add_argument("--group-size", type=int, default=8, help="rollouts per group (default %(default)s)")
+    args = parser.parse_args()
+
+    from bus import start_broker
+
+    from rollwire.schemas import Codec
+    codec = Codec()
+    items = rollouts(args.groups, args.group_size)
+    encoded = [(r.group_id.encode(), codec.encode(r, producer="bench")) for r in items]
+    print(f"{len(items)} rollouts in {args.groups} groups of {args.group_size}, ~{len(encoded[0][1])} B each")
+
+    os.sched_setaffinity(0, {0})
+    results = {"pure_rps": pure_rate([v for _, v in encoded])}
+    results["embedded_rps"] = embedded_rate(encoded)
+    os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
+    bootstrap, stop_broker = start_broker()
+    try:
+        results["faust_rps"] = faust_rate(encoded, bootstrap)
+    finally:
+        if stop_broker:
+            stop_broker()
+    base = results["pure_rps"]
+    print(f"{'driver':<22} {'rollouts/s':>11} {'vs pure':>8}")
+    for name, label in (("pure_rps", "pure logic (baseline)"), ("embedded_rps", "embedded driver"),
+                        ("faust_rps", "faust on Kafka")):
+        print(f"{label:<22} {results[name]:11,.0f} {results[name] / base:8.2f}")
+    results["embedded_vs_pure"] = results["embedded_rps"] / base
+    results["faust_vs_pure"] = results["faust_rps"] / base
+    print("RESULT " + " ".join(f"{k}={v:.3g}" for k, v in results.items()))
+
+
+if __name__ == "__main__":
+    main()
