@@ -111,13 +111,14 @@ class Consumer(ABC):
     """Reads records. A group consumer also commits its position; a reader cannot."""
 
     @abstractmethod
-    def poll(self, timeout_s: float = 1.0) -> Record | None:
-        """The next record, or None when none arrived within `timeout_s`."""
-
-    @abstractmethod
     def poll_batch(self, max_records: int, timeout_s: float = 1.0) -> list[Record]:
         """Waits up to `timeout_s` for a first record, then returns it with whatever else is
         already fetched, up to `max_records`; an empty list when nothing arrived."""
+
+    def poll(self, timeout_s: float = 1.0) -> Record | None:
+        """The next record, or None when none arrived within `timeout_s`."""
+        batch = self.poll_batch(1, timeout_s)
+        return batch[0] if batch else None
 
     @abstractmethod
     def commit(self, records: Iterable[Record] | None = None) -> None:
@@ -137,6 +138,15 @@ class Consumer(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def next_offsets(records: Iterable[Record]) -> dict[tuple[str, int], int]:
+    """Per (topic, partition), the offset after the last of `records`: what a commit stores."""
+    offsets: dict[tuple[str, int], int] = {}
+    for r in records:
+        tp = (r.topic, r.partition)
+        offsets[tp] = max(offsets.get(tp, 0), r.offset + 1)
+    return offsets
 
 
 class EventLog(ABC):

@@ -29,6 +29,7 @@ from rollwire.bus.base import (
     Record,
     StartAt,
     TopicConfig,
+    next_offsets,
 )
 from rollwire.bus.embedded_groups import GroupMember, committed_offsets
 from rollwire.bus.embedded_store import Append, TopicFile, topic_names
@@ -228,20 +229,10 @@ class EmbeddedConsumer(Consumer):
             time.sleep(min(pause, remaining))
             pause = min(pause * 2, 0.02)
 
-    def poll(self, timeout_s: float = 1.0) -> Record | None:
-        batch = self.poll_batch(1, timeout_s)
-        return batch[0] if batch else None
-
     def commit(self, records: Iterable[Record] | None = None) -> None:
         if self._member is None:
             raise BusError("a reader has no group to commit to: use EventLog.consumer(group_id=...)")
-        if records is None:
-            offsets = dict(self._consumed)
-        else:
-            offsets = {}
-            for r in records:
-                tp = (r.topic, r.partition)
-                offsets[tp] = max(offsets.get(tp, 0), r.offset + 1)
+        offsets = dict(self._consumed) if records is None else next_offsets(records)
         if offsets:
             self._member.commit(offsets)
 

@@ -30,6 +30,7 @@ from rollwire.bus.base import (
     Record,
     StartAt,
     TopicConfig,
+    next_offsets,
 )
 from rollwire.bus.errors import BusError, CommitFailedError, DeliveryError, TopicError
 
@@ -189,19 +190,10 @@ class KafkaConsumer(Consumer):
                     batch.append(record)
         return batch
 
-    def poll(self, timeout_s: float = 1.0) -> Record | None:
-        batch = self.poll_batch(1, timeout_s)
-        return batch[0] if batch else None
-
     def commit(self, records: Iterable[Record] | None = None) -> None:
         if not self._grouped:
             raise BusError("a reader has no group to commit to: use EventLog.consumer(group_id=...)")
-        if records is None:
-            offsets = dict(self._consumed)
-        else:
-            offsets = {}
-            for r in records:
-                offsets[(r.topic, r.partition)] = max(offsets.get((r.topic, r.partition), 0), r.offset + 1)
+        offsets = dict(self._consumed) if records is None else next_offsets(records)
         if not offsets:
             return
         try:
