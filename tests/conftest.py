@@ -81,6 +81,34 @@ def new_topic(log: EventLog):
     return make
 
 
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """A real S3 HTTP endpoint (moto's standalone server) on a free loopback port."""
+    from moto.server import ThreadedMotoServer
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3_store(s3_endpoint):
+    """A fresh bucket on the S3 endpoint."""
+    from rollwire.objectstore import S3Store
+    return S3Store(s3_endpoint, f"b{uuid.uuid4().hex[:12]}", access_key="test", secret_key="test", secure=False,
+                   region="us-east-1")
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request, tmp_path):
+    """Each object-store backend."""
+    if request.param == "s3":
+        return request.getfixturevalue("s3_store")
+    from rollwire.objectstore import LocalStore
+    return LocalStore(tmp_path / "store")
+
+
 @pytest.fixture
 def group_id() -> str:
     return f"g{uuid.uuid4().hex[:12]}"

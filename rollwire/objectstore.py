@@ -1,0 +1,247 @@
+"""Object storage for weights and large payloads: one interface, a local directory or S3.
+
+    LocalStore(root)            file:///abs/root/<key>      the embedded default
+    S3Store(endpoint, bucket)   s3://<bucket>/<key>         MinIO, SeaweedFS, AWS … via `minio`
+
+Keys are `/`-separated relative paths. Writes go to a temporary name and are renamed (local) or
+are single PUTs (S3), so a reader never sees half an object; that a *set* of objects is complete
+is what checkpoint manifests are for (`rollwire.checkpoints`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Annotated, Literal
+from urllib.parse import urlparse
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rollwire.errors import ConfigError, RollwireError
+
+
+class ObjectStoreError(RollwireError):
+    """An object could not be read or written; the message names it."""
+
+
+class ObjectNotFoundError(ObjectStoreError):
+    """The object does not exist."""
+
+
+class ObjectStore(ABC):
+    """Stores bytes under keys."""
+
+    @abstractmethod
+    def put_file(self, key: str, path: Path) -> None:
+        """Uploads the file at `path` as `key`."""
+
+    @abstractmethod
+    def get_file(self, key: str, path: Path) -> None:
+        """Downloads `key` to `path`; raises `ObjectNotFoundError`."""
+
+    @abstractmethod
+    def put_bytes(self, key: str, data: bytes) -> None:
+        """Stores `data` as `key`."""
+
+    @abstractmethod
+    def get_bytes(self, key: str) -> bytes:
+        """The bytes of `key`; raises `ObjectNotFoundError`."""
+
+    @abstractmethod
+    def exists(self, key: str) -> bool:
+        """Whether `key` exists."""
+
+    @abstractmethod
+    def list(self, prefix: str) -> list[str]:
+        """Keys under `prefix`, sorted."""
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Removes `key` (absent keys are fine)."""
+
+    @abstractmethod
+    def uri(self, key: str) -> str:
+        """The URI of `key`, e.g. `s3://bucket/key` or `file:///root/key`."""
+
+    @abstractmethod
+    def key(self, uri: str) -> str:
+        """The key of a URI of this store; raises `ConfigError` for a URI of another store."""
+
+
+def _check_key(key: str) -> str:
+    parts = key.split("/")
+    if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts[:-1]) or parts[-1] in (".", ".."):
+        raise ObjectStoreError(f"object key {key!r} is invalid: use a relative path without '.' or '..' parts")
+    return key
+
+
+class LocalStore(ObjectStore):
+    """A directory on this machine."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root).resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, key: str) -> Path:
+        return self.root / _check_key(key)
+
+    def put_file(self, key: str, path: Path) -> None:
+        target = self._path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".partial-")
+        os.close(fd)
+        shutil.copyfile(path, tmp)
+        os.replace(tmp, target)
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        target = self._path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".partial-")
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.replace(tmp, target)
+
+    def get_file(self, key: str, path: Path) -> None:
+        source = self._path(key)
+        if not source.is_file():
+            raise ObjectNotFoundError(f"{self.uri(key)} does not exist")
+        shutil.copyfile(source, path)
+
+    def get_bytes(self, key: str) -> bytes:
+        source = self._path(key)
+        if not source.is_file():
+            raise ObjectNotFoundError(f"{self.uri(key)} does not exist")
+        return source.read_bytes()
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def list(self, prefix: str) -> list[str]:
+        base = self.root / prefix if prefix else self.root
+        folder = base if base.is_dir() else base.parent
+        if not folder.exists():
+            return []
+        keys = (p.relative_to(self.root).as_posix() for p in folder.rglob("*") if p.is_file())
+        return sorted(k for k in keys if k.startswith(prefix) and not Path(k).name.startswith(".partial-"))
+
+    def delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
+
+    def uri(self, key: str) -> str:
+        return (self.root / key).as_uri()
+
+    def key(self, uri: str) -> str:
+        parsed = urlparse(uri)
+        path = Path(parsed.path)
+        if parsed.scheme != "file" or not path.is_relative_to(self.root):
+            raise ConfigError(f"{uri} is not inside this local store ({self.root.as_uri()})")
+        return path.relative_to(self.root).as_posix() + ("/" if uri.endswith("/") else "")
+
+
+class S3Store(ObjectStore):
+    """A bucket on an S3-compatible server, through the `minio` client."""
+
+    def __init__(self, endpoint: str, bucket: str, *, access_key: str, secret_key: str, secure: bool = True,
+                 region: str | None = None, create_bucket: bool = True) -> None:
+        try:
+            from minio import Minio
+        except ImportError as exc:
+            raise ConfigError("the S3 object store needs the `minio` package: pip install 'rollwire[objectstore]'") from exc
+        self.bucket = bucket
+        self._client = Minio(endpoint, access_key=access_key, secret_key=secret_key, secure=secure, region=region)
+        if create_bucket and not self._client.bucket_exists(bucket):
+            self._client.make_bucket(bucket)
+
+    def _call(self, what: str, key: str, fn, *args, **kwargs):
+        from minio.error import S3Error
+        try:
+            return fn(*args, **kwargs)
+        except S3Error as exc:
+            if exc.code in ("NoSuchKey", "NoSuchObject"):
+                raise ObjectNotFoundError(f"{self.uri(key)} does not exist") from exc
+            raise ObjectStoreError(f"{what} {self.uri(key)} failed: {exc.code}: {exc.message}") from exc
+
+    def put_file(self, key: str, path: Path) -> None:
+        self._call("uploading", key, self._client.fput_object, self.bucket, _check_key(key), str(path))
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        import io
+        self._call("writing", key, self._client.put_object, self.bucket, _check_key(key), io.BytesIO(data), len(data))
+
+    def get_file(self, key: str, path: Path) -> None:
+        self._call("downloading", key, self._client.fget_object, self.bucket, _check_key(key), str(path))
+
+    def get_bytes(self, key: str) -> bytes:
+        response = self._call("reading", key, self._client.get_object, self.bucket, _check_key(key))
+        try:
+            return response.read()
+        finally:
+            response.close()
+            response.release_conn()
+
+    def exists(self, key: str) -> bool:
+        try:
+            self._call("checking", key, self._client.stat_object, self.bucket, _check_key(key))
+            return True
+        except ObjectNotFoundError:
+            return False
+
+    def list(self, prefix: str) -> list[str]:
+        objects = self._call("listing", prefix, self._client.list_objects, self.bucket, prefix=prefix, recursive=True)
+        return sorted(o.object_name for o in objects)
+
+    def delete(self, key: str) -> None:
+        self._call("deleting", key, self._client.remove_object, self.bucket, _check_key(key))
+
+    def uri(self, key: str) -> str:
+        return f"s3://{self.bucket}/{key}"
+
+    def key(self, uri: str) -> str:
+        parsed = urlparse(uri)
+        if parsed.scheme != "s3" or parsed.netloc != self.bucket:
+            raise ConfigError(f"{uri} is not in this store's bucket s3://{self.bucket}/")
+        return parsed.path.lstrip("/")
+
+
+class LocalStoreSettings(BaseModel):
+    """Weights and payloads in a local directory (the embedded default)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    type: Literal["local"] = "local"
+    root: Path = Path("runs/default/store")
+    """Directory of the store; created if missing."""
+
+
+class S3StoreSettings(BaseModel):
+    """An S3-compatible server (MinIO, SeaweedFS, AWS S3 …)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    type: Literal["s3"] = "s3"
+    endpoint: str = "127.0.0.1:8333"
+    """`host:port` of the S3 API, without scheme."""
+    bucket: str = "rollwire"
+    """Bucket for weights and payloads; created if missing."""
+    access_key: str = "rollwire"
+    """Access key id; read it from the environment in production recipes."""
+    secret_key: str = "rollwire-secret"
+    """Secret key."""
+    secure: bool = False
+    """Use TLS (https)."""
+    region: str | None = None
+    """Bucket region, when the server needs one."""
+
+
+StoreSettings = Annotated[LocalStoreSettings | S3StoreSettings, Field(discriminator="type")]
+
+
+def open_store(settings: LocalStoreSettings | S3StoreSettings) -> ObjectStore:
+    """Opens the object store the settings describe."""
+    if settings.type == "s3":
+        return S3Store(settings.endpoint, settings.bucket, access_key=settings.access_key,
+                       secret_key=settings.secret_key, secure=settings.secure, region=settings.region)
+    return LocalStore(settings.root)

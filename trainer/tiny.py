@@ -1,0 +1,59 @@
+"""Tiny models and tokenizers built locally, for the demo and for tests — nothing downloaded.
+
+    tokenizer = build_char_tokenizer()            # one token per character, ChatML template
+    build_tiny_model(path, tokenizer, seed=1)     # a transformers Llama, saved with safetensors
+
+The same directory loads in transformers, in the trainer and in vLLM. Several seeds give several
+weight versions of one architecture (reload tests); a large `initializer_range` makes a random
+model's distributions peaky and distinct, so "did the new weights take effect" is sharp.
+"""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+SPECIALS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|im_start|>", "<|im_end|>"]
+ALPHABET = string.digits + string.ascii_letters + " :>=+-*/.,?!()\n"
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def build_char_tokenizer(alphabet: str = ALPHABET):
+    """A character-level tokenizer (specials first, then `alphabet`), wrapped for transformers."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + sorted(set(alphabet)))}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|pad|>"))
+    core.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+    core.decoder = decoders.Fuse()
+    core.add_special_tokens(SPECIALS)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<|pad|>", bos_token="<|bos|>",
+                                        eos_token="<|eos|>", padding_side="left")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def build_tiny_model(path: str | Path, tokenizer, *, seed: int = 0, hidden: int = 128, layers: int = 2,
+                     heads: int = 4, kv_heads: int = 2, intermediate: int = 256, initializer_range: float = 0.02,
+                     tie_embeddings: bool = False, max_positions: int = 512) -> Path:
+    """Saves a randomly initialised Llama and `tokenizer` to `path` (fp32 safetensors)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=intermediate,
+                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                         max_position_embeddings=max_positions, initializer_range=initializer_range,
+                         tie_word_embeddings=tie_embeddings, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                         torch_dtype="float32")
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    path = Path(path)
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return path
