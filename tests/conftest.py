@@ -84,7 +84,10 @@ def new_topic(log: EventLog):
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
     """A real S3 HTTP endpoint (moto's standalone server) on a free loopback port."""
+    import logging
+
     from moto.server import ThreadedMotoServer
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
@@ -121,7 +124,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         for report in terminalreporter.stats.get(outcome, []):
             if report.when != "call" and outcome != "error" and outcome != "skipped":
                 continue
-            for marker in ("kafka",):
+            for marker in ("kafka", "vllm"):
                 if marker in getattr(report, "keywords", {}):
                     counts.setdefault(marker, {}).setdefault(outcome, 0)
                     counts[marker][outcome] += 1

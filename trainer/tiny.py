@@ -40,7 +40,7 @@ def build_char_tokenizer(alphabet: str = ALPHABET):
 
 def build_tiny_model(path: str | Path, tokenizer, *, seed: int = 0, hidden: int = 128, layers: int = 2,
                      heads: int = 4, kv_heads: int = 2, intermediate: int = 256, initializer_range: float = 0.02,
-                     tie_embeddings: bool = False, max_positions: int = 512) -> Path:
+                     tie_embeddings: bool = False, max_positions: int = 2048) -> Path:
     """Saves a randomly initialised Llama and `tokenizer` to `path` (fp32 safetensors)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM

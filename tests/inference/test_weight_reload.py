@@ -1,0 +1,202 @@
+"""Weight versions reach a real vLLM server: verified, hot-reloaded, reported, or refused."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from reference import transformers_logprobs
+
+from rollwire.bus import EmbeddedBusSettings, catalog_topics, open_log
+from rollwire.bus.events import EventProducer
+from rollwire.checkpoints import publish
+from rollwire.consumers.weight_subscriber import WeightSubscriber, WeightSubscriberSettings
+from rollwire.schemas import Codec, ReplicaStatus, Topics, WeightsPublished
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+PROMPT = [1, 47, 26, 20, 16, 23, 17, 19, 28]
+
+
+class Fleet:
+    """A test's own log, topics, store and subscriber around the shared server."""
+
+    def __init__(self, tmp_path, store, server, tiny_models, replica="replica-0"):
+        self.tmp_path, self.store, self.server, self.tiny_models = tmp_path, store, server, tiny_models
+        self.topics = Topics(f"t{time.time_ns()}")
+        self.log = open_log(EmbeddedBusSettings(path=tmp_path / "log"))
+        self.log.create_topics(catalog_topics(self.topics))
+        self.trainer = EventProducer(self.log.producer(), self.topics, name="trainer")
+        self.replica = replica
+
+    def subscriber(self) -> WeightSubscriber:
+        return WeightSubscriber(self.log, self.topics, self.store, self.server.control,
+                                WeightSubscriberSettings(replica_id=self.replica, cache_dir=self.tmp_path / "cache"),
+                                base_model_dir=self.tiny_models.base)
+
+    def publish(self, version: int, model_dir, *, fmt: str = "full") -> WeightsPublished:
+        published = publish(self.store, model_dir, f"run/v{version}", policy="policy", version=version,
+                            step=version, format=fmt, base_model="tiny")
+        event = WeightsPublished(version=version, step=version, uri=published.uri, format=fmt,
+                                 manifest_sha256=published.manifest_sha256, size_bytes=published.size_bytes)
+        self.trainer.send(self.topics.weights, event, key="policy")
+        self.trainer.flush()
+        return event
+
+    def statuses(self) -> list[ReplicaStatus]:
+        with self.log.reader([self.topics.fleet]) as reader:
+            return [Codec().decode(r.value).event for r in reader.poll_batch(1000, 0.5)]
+
+
+@pytest.fixture
+def fleet(tmp_path, s3_store, vllm_server, tiny_models):
+    return Fleet(tmp_path, s3_store, vllm_server, tiny_models)
+
+
+def served_logprobs(server, prompt=PROMPT, **kw):
+    choice = server.control.generate(prompt, max_tokens=6, seed=7, **kw)["choices"][0]
+    return choice["token_ids"], [c["logprob"] for c in choice["logprobs"]["content"]], choice["weight_versions"]
+
+
+def test_a_published_version_serves_the_logprobs_of_its_weights(fleet, tiny_models, version_base):
+    weights = tiny_models.version(seed=11)
+    fleet.publish(version_base + 1, weights)
+    subscriber = fleet.subscriber()
+
+    status = subscriber.catch_up()
+
+    assert status.state == "serving" and status.serving_version == version_base + 1
+    assert status.bytes_downloaded > 0 and status.download_s > 0 and status.swap_s > 0
+    tokens, logprobs, versions = served_logprobs(fleet.server)
+    assert versions == [{"version": str(version_base + 1), "start": 0, "end": len(tokens)}]
+    assert logprobs == pytest.approx(transformers_logprobs(weights, PROMPT, tokens), abs=1e-3)
+    assert [s.state for s in fleet.statuses()] == ["serving"]
+
+
+def test_a_request_in_flight_during_a_swap_completes_and_reports_both_versions(fleet, tiny_models, version_base):
+    fleet.publish(version_base + 1, tiny_models.version(seed=12))
+    subscriber = fleet.subscriber()
+    subscriber.catch_up()
+    chunks, started = [], threading.Event()
+
+    def stream():
+        for chunk in fleet.server.control.generate_stream(PROMPT, max_tokens=1800, ignore_eos=True, seed=3):
+            chunks.append(chunk)
+            if len(chunks) == 5:
+                started.set()
+
+    reader = threading.Thread(target=stream)
+    reader.start()
+    assert started.wait(120)
+    fleet.publish(version_base + 2, tiny_models.version(seed=13))
+    statuses = subscriber.poll(timeout_s=5)
+    reader.join(180)
+
+    assert [s.state for s in statuses] == ["serving"]
+    final = [c for c in chunks if c["choices"][0].get("finish_reason")][-1]["choices"][0]
+    spans = final["weight_versions"]
+    assert final["finish_reason"] == "length"
+    assert [s["version"] for s in spans] == [str(version_base + 1), str(version_base + 2)]
+    assert spans[0]["start"] == 0 and spans[0]["end"] == spans[1]["start"] and spans[1]["end"] == 1800
+
+
+def test_a_restarted_subscriber_catches_up_to_the_latest_version(fleet, tiny_models, version_base):
+    first = fleet.subscriber()
+    fleet.publish(version_base + 1, tiny_models.version(seed=14))
+    first.catch_up()
+    first.close()
+    fleet.publish(version_base + 2, tiny_models.version(seed=15))  # while no subscriber runs
+    latest = tiny_models.version(seed=16)
+    fleet.publish(version_base + 3, latest)
+
+    status = fleet.subscriber().catch_up()
+
+    assert status.serving_version == version_base + 3
+    tokens, logprobs, _ = served_logprobs(fleet.server)
+    assert logprobs == pytest.approx(transformers_logprobs(latest, PROMPT, tokens), abs=1e-3)
+
+
+def corrupt(fleet, version):
+    key = f"run/v{version}/model.safetensors"
+    data = bytearray(fleet.store.get_bytes(key))
+    data[-100:] = bytes(100)
+    fleet.store.put_bytes(key, bytes(data))
+
+
+def drop_manifest(fleet, version):
+    fleet.store.delete(f"run/v{version}/manifest.json")
+
+
+def drop_file(fleet, version):
+    fleet.store.delete(f"run/v{version}/model.safetensors")
+
+
+@pytest.mark.parametrize("damage, reason", [
+    (corrupt, "sha256"), (drop_manifest, "never completed"), (drop_file, "missing"),
+], ids=["corrupt-bytes", "no-manifest", "partial"])
+def test_a_bad_checkpoint_is_refused_and_the_previous_version_keeps_serving(fleet, tiny_models, version_base,
+                                                                           damage, reason):
+    good = tiny_models.version(seed=17)
+    fleet.publish(version_base + 1, good)
+    subscriber = fleet.subscriber()
+    subscriber.catch_up()
+    fleet.publish(version_base + 2, tiny_models.version(seed=18))
+    damage(fleet, version_base + 2)
+
+    [status] = subscriber.poll(timeout_s=5)
+
+    assert status.state == "failed" and reason in status.reason
+    assert status.requested_version == version_base + 2 and status.serving_version == version_base + 1
+    tokens, logprobs, versions = served_logprobs(fleet.server)
+    assert versions[0]["version"] == str(version_base + 1)
+    assert logprobs == pytest.approx(transformers_logprobs(good, PROMPT, tokens), abs=1e-3)
+
+
+def test_wrong_shapes_and_older_versions_are_refused_before_touching_the_engine(fleet, tiny_models, version_base):
+    good = tiny_models.version(seed=19)
+    fleet.publish(version_base + 5, good)
+    subscriber = fleet.subscriber()
+    subscriber.catch_up()
+    fleet.publish(version_base + 6, tiny_models.version(seed=20, intermediate=192))
+    fleet.publish(version_base + 4, tiny_models.version(seed=21))
+
+    wrong_shape, older = subscriber.poll(timeout_s=5)
+
+    assert wrong_shape.state == "failed" and "wrong shape or dtype" in wrong_shape.reason
+    assert older.state == "failed" and "not newer than the served version" in older.reason
+    tokens, logprobs, versions = served_logprobs(fleet.server)
+    assert versions[0]["version"] == str(version_base + 5)
+    assert logprobs == pytest.approx(transformers_logprobs(good, PROMPT, tokens), abs=1e-3)
+
+
+def test_lora_versions_load_under_new_adapter_names(fleet, tiny_models, version_base, tmp_path):
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    adapters = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_models.base, dtype=torch.float32),
+                               LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                          init_lora_weights=False))
+        model.save_pretrained(tmp_path / f"lora{seed}")
+        adapters.append((tmp_path / f"lora{seed}", model.merge_and_unload()))
+    subscriber = fleet.subscriber()
+    subscriber.settings.lora_grace_s = 0.0
+    # Adapters apply to the base weights the server holds; other tests swapped those, so the base
+    # model goes first, as a full version.
+    fleet.publish(version_base + 1, tiny_models.base)
+    assert subscriber.catch_up().state == "serving"
+    fleet.publish(version_base + 2, adapters[0][0], fmt="lora")
+    fleet.publish(version_base + 3, adapters[1][0], fmt="lora")
+    assert [s.state for s in subscriber.poll(timeout_s=5)] == ["serving", "serving"]
+    subscriber.poll(timeout_s=0.1)  # past the grace period: the first adapter is unloaded
+
+    tokens, logprobs, _ = served_logprobs(fleet.server, model=subscriber.lora_name(version_base + 3))
+    merged = tmp_path / "merged"
+    adapters[1][1].save_pretrained(merged)
+    assert logprobs == pytest.approx(transformers_logprobs(merged, PROMPT, tokens), abs=1e-3)
+    with pytest.raises(Exception, match="404|not found|does not exist"):
+        fleet.server.control.generate(PROMPT, max_tokens=2, model=subscriber.lora_name(version_base + 2))
