@@ -4,7 +4,8 @@
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
-EXTRAS ?= dev,kafka,streams
+# Everything, for the test suite; a GPU machine swaps inference-cpu for inference.
+EXTRAS ?= dev,kafka,streams,objectstore,trainer,lora,inference-cpu
 PYTEST_ARGS ?=
 comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
@@ -22,6 +23,9 @@ $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --upgrade pip
 	$(VENV)/bin/python -m pip install -q -e ".[$(EXTRAS)]"
+	# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break beside the CPU torch, and a
+	# text model needs none of them (notes/vllm.md).
+	$(VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 	touch $@
 
 install: $(STAMP)

