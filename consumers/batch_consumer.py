@@ -1,0 +1,165 @@
+"""The trainer's only door to the log: scored rollouts in, checked, deduped, packed into batches.
+
+    reads:  <prefix>.scored   (a reader positioned at the offsets of the last checkpoint)
+    writes: <prefix>.deadletter (rollouts the trainer cannot use, with the reason)
+
+The consumer does not commit to a consumer group: the trainer's checkpoint holds its offsets
+(`positions`), so model, optimizer and read position move together and a restart neither loses
+nor repeats a rollout. Each rollout ends up in exactly one of:
+
+    a batch        trained at the next step
+    drops[reason]  `stale` (oldest sampling version more than `max_off_policy` behind) —
+                   reported with the next step
+    dead letter    token ids outside the vocabulary, no trainable token
+    duplicates     the same rollout id again (the scorer delivers at least once): ignored
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from rollwire.bus import AtOffsets, DeadLetters, EventConsumer, EventLog, EventProducer
+from rollwire.schemas.rollout import ScoredRollout
+from rollwire.schemas.topics import Topics
+from rollwire.schemas.training import RolloutsDropped, Staleness
+
+
+class BatchSettings(BaseModel):
+    """How the trainer's batches are formed."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    max_off_policy: int = Field(default=2, ge=0)
+    """Most policy versions a rollout's oldest token may lag the trainer; older ones are dropped."""
+    batch_rollouts: int | None = Field(default=64, ge=1)
+    """Rollouts per step; None to pack by tokens only."""
+    batch_tokens: int | None = Field(default=None, ge=1)
+    """Most prompt plus completion tokens per step; None to pack by rollouts only."""
+    dedupe_window: int = Field(default=200_000, ge=1)
+    """Rollout ids remembered to recognise redeliveries."""
+
+    @model_validator(mode="after")
+    def _some_limit(self) -> BatchSettings:
+        if self.batch_rollouts is None and self.batch_tokens is None:
+            raise ValueError("set trainer.batch.batch_rollouts or trainer.batch.batch_tokens (or both)")
+        return self
+
+
+@dataclass
+class Batch:
+    """Scored rollouts for one optimizer step."""
+
+    rollouts: list[ScoredRollout]
+    staleness: Staleness
+    drops: dict[str, list[str]] = field(default_factory=dict)
+    """Rollout ids dropped while this batch was collected, by reason."""
+    headers: list[tuple[tuple[str, bytes], ...]] = field(default_factory=list)
+    """Each rollout's record headers (trace context for the step's span links)."""
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(s.rollout.prompt_token_ids) + len(s.rollout.completion_token_ids) for s in self.rollouts)
+
+
+class BatchConsumer:
+    """Pulls scored rollouts from `positions` onwards and packs batches."""
+
+    def __init__(self, log: EventLog, topics: Topics, settings: BatchSettings, *, vocab_size: int,
+                 positions: dict[tuple[str, int], int] | None = None, seen: Sequence[str] = (),
+                 producer: EventProducer | None = None, name: str = "trainer") -> None:
+        self.settings, self.vocab_size, self.topics = settings, vocab_size, topics
+        self.producer = producer or EventProducer(log.producer(), topics, name=name)
+        ends = {(topics.scored, p): 0 for p in range(log.partitions(topics.scored))}
+        self.positions = {**ends, **(positions or {})}
+        reader = log.reader([topics.scored], AtOffsets(dict(self.positions)))
+        self.consumer = EventConsumer(reader, DeadLetters(self.producer, name))
+        self.seen = collections.OrderedDict((rid, None) for rid in seen)
+        self.drops: dict[str, list[str]] = collections.defaultdict(list)
+        self.counts: collections.Counter[str] = collections.Counter()
+        self._pending: collections.deque = collections.deque()
+        self._read: dict[tuple[str, int], int] = {}
+
+    def next_batch(self, policy_version: int, timeout_s: float = 1.0) -> Batch | None:
+        """A full batch, or None if not enough usable rollouts arrived within `timeout_s`
+        (what did arrive stays pending for the next call)."""
+        deliveries = self.consumer.poll_batch(1000, timeout_s)
+        for d in deliveries:
+            self._accept(d, policy_version)
+        chosen, tokens = [], 0
+        while self._pending:
+            delivery = self._pending[0]
+            size = len(delivery.event.rollout.prompt_token_ids) + len(delivery.event.rollout.completion_token_ids)
+            if self.settings.batch_tokens is not None and chosen and tokens + size > self.settings.batch_tokens:
+                break
+            if self.settings.batch_rollouts is not None and len(chosen) == self.settings.batch_rollouts:
+                break
+            chosen.append(self._pending.popleft())
+            tokens += size
+        full = (self.settings.batch_rollouts is not None and len(chosen) == self.settings.batch_rollouts) or \
+               (self.settings.batch_tokens is not None and bool(self._pending))
+        if not chosen or not full:
+            self._pending.extendleft(reversed(chosen))
+            return None
+        lags = [policy_version - d.event.rollout.min_version for d in chosen]
+        batch = Batch(rollouts=[d.event for d in chosen], headers=[d.record.headers for d in chosen],
+                      staleness=Staleness(min=min(lags), mean=sum(lags) / len(lags), max=max(lags)),
+                      drops={k: list(v) for k, v in self.drops.items()})
+        self.drops.clear()
+        self._advance_positions()
+        return batch
+
+    def _advance_positions(self) -> None:
+        """Positions move past every accounted record, but not past a pending one, so a checkpoint
+        taken now re-reads exactly the records no step has accounted for yet."""
+        for tp, read in self._read.items():
+            waiting = [d.record.offset for d in self._pending if (d.record.topic, d.record.partition) == tp]
+            self.positions[tp] = min(waiting) if waiting else read
+
+    def _accept(self, delivery, policy_version: int) -> None:
+        self._read[(delivery.record.topic, delivery.record.partition)] = delivery.record.offset + 1
+        scored: ScoredRollout = delivery.event
+        rollout = scored.rollout
+        if rollout.rollout_id in self.seen:
+            self.counts["duplicate"] += 1
+            return
+        self.seen[rollout.rollout_id] = None
+        while len(self.seen) > self.settings.dedupe_window:
+            self.seen.popitem(last=False)
+        reason = self._unusable(scored)
+        if reason:
+            self.consumer.dead_letter(delivery, reason)
+            self.counts["dead_lettered"] += 1
+            return
+        lag = policy_version - (rollout.min_version if rollout.min_version is not None else policy_version)
+        if lag > self.settings.max_off_policy:
+            self.drops["stale"].append(rollout.rollout_id)
+            self.counts["stale"] += 1
+            return
+        self._pending.append(delivery)
+
+    def _unusable(self, scored: ScoredRollout) -> str | None:
+        rollout = scored.rollout
+        bad = [t for t in (*rollout.prompt_token_ids, *rollout.completion_token_ids) if not 0 <= t < self.vocab_size]
+        if bad:
+            return f"token ids {bad[:5]} lie outside the model's vocabulary of {self.vocab_size}"
+        if not any(rollout.loss_mask):
+            return "the rollout has no trainable token (loss_mask is all 0)"
+        if rollout.error is not None:
+            return f"an errored rollout was scored: {rollout.error.kind}"
+        return None
+
+    def drops_event(self, drops: dict[str, list[str]]) -> list[RolloutsDropped]:
+        return [RolloutsDropped(rollout_ids=ids, reason=reason, stage="trainer",
+                                detail=f"more than {self.settings.max_off_policy} versions behind the trainer")
+                for reason, ids in drops.items() if ids]
+
+    def flush(self) -> None:
+        """Makes dead letters durable (before a checkpoint moves past their records)."""
+        self.producer.flush()
+
+    def close(self) -> None:
+        self.consumer.close()
