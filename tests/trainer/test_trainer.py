@@ -1,0 +1,138 @@
+"""The trainer on the embedded log and a local store: learning, staleness, bad input, NaN, resume."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from conftest import scored
+
+from rollwire.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
+from rollwire.objectstore import LocalStore
+from rollwire.schemas import Codec, DeadLetter, RolloutsDropped, Topics, TrainStepCompleted, WeightsPublished
+from rollwire.trainer import losses
+from rollwire.trainer.loop import Trainer, TrainerSettings
+from rollwire.trainer.model import ModelSettings, layout, load_policy, token_logprobs
+from rollwire.trainer.step import train_step
+
+
+def events(log, topic):
+    with log.reader([topic]) as reader:
+        out = []
+        while batch := reader.poll_batch(1000, 0.3):
+            out += [Codec().decode(r.value).event for r in batch if r.value is not None]
+        return out
+
+
+@pytest.fixture
+def world(tmp_path):
+    topics = Topics("train")
+    log = open_log(EmbeddedBusSettings(path=tmp_path / "log"))
+    log.create_topics(catalog_topics(topics))
+    return log, topics, LocalStore(tmp_path / "store")
+
+
+def send_scored(log, topics, items):
+    producer = EventProducer(log.producer(), topics, name="scorer")
+    for s in items:
+        producer.send(topics.scored, s, key=s.rollout.group_id)
+    producer.close()
+
+
+def settings(tmp_path, tiny_policy, **batch) -> TrainerSettings:
+    return TrainerSettings(model=ModelSettings(path=str(tiny_policy)), lr=1e-3, micro_batch_rollouts=3,
+                           checkpoint_dir=tmp_path / "ckpt", batch={"batch_rollouts": 4, "max_off_policy": 1, **batch})
+
+
+def test_a_few_steps_on_a_fixed_batch_reduce_the_loss(tiny_policy):
+    model = load_policy(ModelSettings(path=str(tiny_policy)))
+    batch = [scored(i) for i in range(8)]
+    with torch.no_grad():  # sample-time logprobs under the same weights: ratios start at 1
+        current = token_logprobs(model, layout([s.rollout for s in batch], torch.device("cpu")))
+    batch = [scored(i, logprobs=current[i, : len(s.rollout.completion_token_ids)].tolist(),
+                    advantage=1.0 if i % 2 else -1.0) for i, s in enumerate(batch)]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    loss = losses.build("ppo_clip", eps_low=10.0, eps_high=10.0)
+    values = [train_step(model, optimizer, loss, batch, micro_batch=3, max_grad_norm=1.0,
+                         device=torch.device("cpu")).loss for _ in range(5)]
+    assert values[-1] < values[0] - 0.1, values
+
+
+def test_a_non_finite_loss_skips_the_step_and_leaves_the_weights(tiny_policy):
+    model = load_policy(ModelSettings(path=str(tiny_policy)))
+    before = [p.detach().clone() for p in model.parameters()]
+    result = train_step(model, torch.optim.AdamW(model.parameters()), _NanLoss(), [scored(0)], micro_batch=4,
+                        max_grad_norm=1.0, device=torch.device("cpu"))
+    assert result.loss is None and "step skipped" in result.skipped_reason
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+class _NanLoss(losses.Loss):
+    """A loss that goes non-finite, as a diverging run's would."""
+
+    name = "nan"
+
+    def __call__(self, x):
+        return (x.logprobs * x.mask).sum() * float("nan"), {}
+
+
+def test_stale_bad_and_duplicate_rollouts_are_accounted_and_training_goes_on(world, tmp_path, tiny_policy):
+    log, topics, store = world
+    good = [scored(i) for i in range(8)]
+    send_scored(log, topics, good[:4])
+    trainer = Trainer(log, topics, store, settings(tmp_path, tiny_policy))
+    assert trainer.step(timeout_s=2).policy_version == 1
+    # Version 0 samples are now 1 behind (still fine); after one more step they are 2 behind: stale.
+    send_scored(log, topics, good[4:] + [good[0],  # a redelivery
+                                         scored(100, completion=[5, 999]),  # outside the vocabulary
+                                         scored(101, mask=[0, 0, 0], completion=[5, 6, 7]),  # nothing to train
+                                         scored(102, logprobs=[float("nan")] * 3, completion=[5, 6, 7])])
+    assert trainer.step(timeout_s=2).step == 2
+    send_scored(log, topics, [scored(200 + i) for i in range(2)] + [scored(300 + i, version=2) for i in range(4)])
+    third = trainer.step(timeout_s=2)
+    trainer.close()
+
+    assert third.drops == {"stale": 2} and third.rollout_ids == [f"r{300 + i}" for i in range(4)]
+    assert third.staleness.max == 0
+    drops = [e for e in events(log, topics.drops) if isinstance(e, RolloutsDropped)]
+    assert [(d.reason, d.rollout_ids, d.stage) for d in drops] == [("stale", ["r200", "r201"], "trainer")]
+    letters = [e for e in events(log, topics.deadletter) if isinstance(e, DeadLetter)]
+    assert sorted(l.error.split(" ")[1] for l in letters) == ["ids", "rollout", "sampler"]
+    steps = [e for e in events(log, topics.train) if isinstance(e, TrainStepCompleted)]
+    assert [s.step for s in steps] == [1, 2, 3] and all(s.loss is not None for s in steps)
+    weights = [e for e in events(log, topics.weights) if isinstance(e, WeightsPublished)]
+    assert [w.version for w in weights] == [1, 2, 3]
+    assert store.exists("policy/v00000003/manifest.json")
+
+
+def test_kill_9_mid_run_then_restart_trains_every_rollout_once_or_drops_it(world, tmp_path, tiny_policy):
+    log, topics, store = world
+    everything = [scored(i, version=v) for v in range(6) for i in range(v * 100, v * 100 + 16)]
+    send_scored(log, topics, everything)
+    command = [sys.executable, "-m", "rollwire.cli", "train", "--model", str(tiny_policy), "--prefix", "train",
+               "--log-dir", str(tmp_path / "log"), "--store-dir", str(tmp_path / "store"),
+               "--checkpoint-dir", str(tmp_path / "ckpt"), "--batch-rollouts", "8", "--max-off-policy", "2",
+               "--exit-when-idle", "3"]
+    first = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while len([e for e in events(log, topics.train)]) < 3 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait()
+    second = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr[-3000:]
+
+    steps = {}
+    for e in events(log, topics.train):
+        assert steps.setdefault(e.step, e.rollout_ids) == e.rollout_ids, "a re-sent step must be identical"
+    trained = [rid for ids in steps.values() for rid in ids]
+    dropped = [rid for e in events(log, topics.drops) for rid in e.rollout_ids]
+    assert len(trained) == len(set(trained)), "no rollout is trained twice"
+    assert not set(trained) & set(dropped)
+    assert set(trained) | set(dropped) == {s.rollout.rollout_id for s in everything}
+    assert sorted(steps) == list(range(1, len(steps) + 1)) and dropped

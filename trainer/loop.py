@@ -1,0 +1,186 @@
+"""The trainer: scored rollouts in, optimizer steps, checkpoints, weight versions out.
+
+    reads:  <prefix>.scored (through BatchConsumer)
+    writes: <prefix>.train, <prefix>.weights, <prefix>.drops, <prefix>.deadletter; the object store
+
+One step, as a commit protocol:
+
+    # Step 1  take a batch (stale rollouts dropped, bad ones dead-lettered, duplicates ignored)
+    # Step 2  train on it (or skip on a non-finite loss)
+    # Step 3  version += 1; when due, write the weights to the object store (manifest last)
+    # Step 4  build the step's outbox (train step, weights published, drops); flush dead letters
+    # Step 5  checkpoint model, optimizer, read positions, version and outbox as one unit
+    # Step 6  send the outbox
+
+A crash before Step 5 redoes the step from the previous checkpoint on the same rollouts; a crash
+after it re-sends the outbox. Either way each rollout is trained once or dropped once.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from rollwire import telemetry
+from rollwire.bus import EventLog, EventProducer
+from rollwire.checkpoints import publish
+from rollwire.consumers.batch_consumer import Batch, BatchConsumer, BatchSettings
+from rollwire.objectstore import ObjectStore
+from rollwire.schemas.registry import EVENT_TYPES
+from rollwire.schemas.topics import Topics
+from rollwire.schemas.training import TrainStepCompleted
+from rollwire.schemas.weights import WeightsPublished
+from rollwire.trainer import checkpoint, losses
+from rollwire.trainer.model import ModelSettings, load_policy, resolve_device
+from rollwire.trainer.step import StepResult, train_step
+
+logger = logging.getLogger(__name__)
+
+
+class TrainerSettings(BaseModel):
+    """Everything the trainer needs besides the log and the store."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    model: ModelSettings
+    """The policy model."""
+    batch: BatchSettings = Field(default_factory=BatchSettings)
+    """Batching and staleness."""
+    policy: str = "policy"
+    """Policy name: the weights topic key and the store prefix."""
+    loss: str = "ppo_clip"
+    """Registered loss (`rollwire.trainer.losses`)."""
+    loss_params: dict[str, float] = Field(default_factory=dict)
+    """Parameters of the loss, e.g. `{eps_low = 0.2}`."""
+    lr: float = Field(default=3e-4, gt=0)
+    """AdamW learning rate."""
+    weight_decay: float = Field(default=0.0, ge=0)
+    """AdamW weight decay."""
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    """Gradient-norm clip."""
+    micro_batch_rollouts: int = Field(default=16, ge=1)
+    """Rollouts per forward/backward (gradient accumulation over the batch)."""
+    publish_every: int = Field(default=1, ge=1)
+    """Publish weights every this many versions."""
+    checkpoint_dir: Path = Path("runs/default/trainer")
+    """Where the trainer's checkpoints go (local disk)."""
+    keep_checkpoints: int = Field(default=2, ge=1)
+    """Checkpoints kept."""
+    seed: int = 0
+    """Torch seed: the CPU path is deterministic for a given seed and batch order."""
+
+
+class Trainer:
+    def __init__(self, log: EventLog, topics: Topics, store: ObjectStore, settings: TrainerSettings) -> None:
+        torch.manual_seed(settings.seed)
+        self.settings, self.topics, self.store = settings, topics, store
+        self.device, _ = resolve_device(settings.model)
+        previous = checkpoint.latest(settings.checkpoint_dir)
+        self.state = checkpoint.load_state(previous) if previous else checkpoint.TrainerState()
+        self.model = self._load_model(previous)
+        self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=settings.lr,
+                                           weight_decay=settings.weight_decay)
+        if previous is not None:
+            self.optimizer.load_state_dict(torch.load(previous / "optimizer.pt", weights_only=True))
+        self.loss = losses.build(settings.loss, **settings.loss_params)
+        self.producer = EventProducer(log.producer(), topics, name="trainer")
+        vocab = self.model.get_input_embeddings().num_embeddings
+        self.consumer = BatchConsumer(log, topics, settings.batch, vocab_size=vocab, positions=self.state.positions,
+                                      seen=self.state.seen, producer=self.producer)
+        if previous is not None:
+            logger.info("resuming at step %d (version %d) from %s", self.state.step, self.state.version, previous)
+            self._send_outbox()  # the previous run may have stopped between Steps 5 and 6
+
+    def _load_model(self, previous: Path | None):
+        if previous is None or self.settings.model.lora is not None:
+            model = load_policy(self.settings.model)
+            if previous is not None:
+                from peft import set_peft_model_state_dict
+                from safetensors.torch import load_file
+                set_peft_model_state_dict(model, load_file(previous / "model" / "adapter_model.safetensors"))
+            return model
+        return load_policy(self.settings.model, weights=str(previous / "model"))
+
+    def run(self, *, max_steps: int | None = None, idle_exit_s: float | None = None) -> None:
+        """Trains until `max_steps`, or until no batch formed for `idle_exit_s`, or forever."""
+        idle_since = time.monotonic()
+        while max_steps is None or self.state.step < max_steps:
+            if self.step(timeout_s=1.0):
+                idle_since = time.monotonic()
+            elif idle_exit_s is not None and time.monotonic() - idle_since > idle_exit_s:
+                return
+
+    def step(self, timeout_s: float = 1.0) -> TrainStepCompleted | None:
+        # Step 1
+        batch = self.consumer.next_batch(self.state.version, timeout_s=timeout_s)
+        if batch is None:
+            return None
+        with telemetry.tracer().start_as_current_span(
+                "trainer step", links=telemetry.links_for(batch.headers),
+                attributes={"messaging.batch.message_count": len(batch.rollouts),
+                            "rollwire.step": self.state.step + 1}):
+            # Step 2
+            result = train_step(self.model, self.optimizer, self.loss, batch.rollouts,
+                                micro_batch=self.settings.micro_batch_rollouts,
+                                max_grad_norm=self.settings.max_grad_norm, device=self.device)
+            # Step 3
+            self.state.step += 1
+            self.state.version += 1
+            weights = self._publish_weights() if self.state.version % self.settings.publish_every == 0 else None
+            # Step 4
+            event = self._step_event(batch, result)
+            self.state.outbox = [self._entry(self.topics.train, self.settings.policy, event)]
+            if weights is not None:
+                self.state.outbox.append(self._entry(self.topics.weights, self.settings.policy, weights))
+            self.state.outbox += [self._entry(self.topics.drops, d.rollout_ids[0], d)
+                                  for d in self.consumer.drops_event(batch.drops)]
+            self.consumer.flush()
+            # Step 5
+            self.state.positions = dict(self.consumer.positions)
+            self.state.seen = list(self.consumer.seen)
+            checkpoint.save(self.settings.checkpoint_dir, self.model, self.optimizer, self.state,
+                            keep=self.settings.keep_checkpoints)
+            # Step 6
+            self._send_outbox()
+        logger.info("step %d: loss %s, reward %.3f, %d rollouts, staleness max %d", event.step, event.loss,
+                    event.reward_mean, len(batch.rollouts), batch.staleness.max)
+        return event
+
+    def _publish_weights(self) -> WeightsPublished:
+        lora = self.settings.model.lora is not None
+        with tempfile.TemporaryDirectory() as folder:
+            self.model.save_pretrained(folder, safe_serialization=True)
+            done = publish(self.store, Path(folder), f"{self.settings.policy}/v{self.state.version:08d}",
+                           policy=self.settings.policy, version=self.state.version, step=self.state.step,
+                           format="lora" if lora else "full", base_model=self.settings.model.path)
+        return WeightsPublished(policy=self.settings.policy, version=self.state.version, step=self.state.step,
+                                uri=done.uri, format="lora" if lora else "full", manifest_sha256=done.manifest_sha256,
+                                base_model=self.settings.model.path, size_bytes=done.size_bytes)
+
+    def _step_event(self, batch: Batch, result: StepResult) -> TrainStepCompleted:
+        return TrainStepCompleted(
+            policy=self.settings.policy, step=self.state.step, policy_version=self.state.version,
+            rollout_ids=[s.rollout.rollout_id for s in batch.rollouts], loss=result.loss,
+            reward_mean=sum(s.reward for s in batch.rollouts) / len(batch.rollouts), num_tokens=result.num_tokens,
+            tokens_per_s=result.num_tokens / max(result.seconds, 1e-9), grad_norm=result.grad_norm,
+            staleness=batch.staleness, drops={k: len(v) for k, v in batch.drops.items()},
+            skipped_reason=result.skipped_reason)
+
+    @staticmethod
+    def _entry(topic: str, key: str, event) -> dict:
+        return {"topic": topic, "key": key, "event": event.model_dump(mode="json")}
+
+    def _send_outbox(self) -> None:
+        for entry in self.state.outbox:
+            event_cls = EVENT_TYPES[entry["event"]["type"]]
+            self.producer.send(entry["topic"], event_cls.model_validate(entry["event"]), key=entry["key"])
+        self.producer.flush()
+
+    def close(self) -> None:
+        self.consumer.close()
+        self.producer.close()

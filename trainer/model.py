@@ -1,0 +1,112 @@
+"""The policy model: loading, device and dtype, and log-probabilities of sampled tokens.
+
+Token fidelity: the trainer scores exactly the token ids the inference server sampled
+(`prompt_token_ids + completion_token_ids` of each rollout); nothing is re-tokenized.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from rollwire.errors import ConfigError
+from rollwire.schemas.rollout import RolloutCompleted
+
+
+class LoraSettings(BaseModel):
+    """Train a LoRA adapter instead of the full weights (needs the `lora` extra: peft)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    rank: int = Field(default=8, ge=1)
+    """Adapter rank."""
+    alpha: float = Field(default=16.0, gt=0)
+    """Scaling numerator (scale = alpha / rank)."""
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    """Module names the adapter wraps."""
+
+
+class ModelSettings(BaseModel):
+    """Which model the trainer loads, and where it runs."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    path: str
+    """Local directory or hub name of the starting weights (version 0)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """`auto` takes CUDA when present."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """`auto`: bfloat16 on CUDA, float32 on CPU (deterministic)."""
+    lora: LoraSettings | None = None
+    """Train a LoRA adapter; None trains every weight."""
+
+
+def resolve_device(settings: ModelSettings) -> tuple[torch.device, torch.dtype]:
+    cuda = torch.cuda.is_available()
+    if settings.device == "cuda" and not cuda:
+        raise ConfigError("trainer.model.device = 'cuda' but torch sees no CUDA device; use 'auto' or 'cpu'")
+    device = torch.device("cuda" if settings.device == "cuda" or (settings.device == "auto" and cuda) else "cpu")
+    if settings.dtype == "auto":
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    else:
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[settings.dtype]
+    return device, dtype
+
+
+def load_policy(settings: ModelSettings, weights: str | None = None):
+    """The causal LM at `weights` (default: `settings.path`), on the chosen device, in train mode."""
+    from transformers import AutoModelForCausalLM
+    device, dtype = resolve_device(settings)
+    model = AutoModelForCausalLM.from_pretrained(weights or settings.path, dtype=dtype).to(device)
+    if settings.lora is not None:
+        try:
+            from peft import LoraConfig, get_peft_model
+        except ImportError as exc:
+            raise ConfigError("trainer.model.lora needs peft: pip install 'rollwire[lora]'") from exc
+        model = get_peft_model(model, LoraConfig(r=settings.lora.rank, lora_alpha=settings.lora.alpha,
+                                                 target_modules=settings.lora.target_modules))
+    model.train()
+    return model
+
+
+@dataclass
+class TokenBatch:
+    """Rollouts laid out for one forward pass; completion-aligned tensors are [B, C]."""
+
+    input_ids: torch.Tensor        # [B, L]  prompt + completion, right-padded
+    attention_mask: torch.Tensor   # [B, L]
+    targets: torch.Tensor          # [B, C]  completion token ids, 0-padded
+    gather_from: torch.Tensor      # [B, C]  logit position predicting each completion token
+    mask: torch.Tensor             # [B, C]  loss mask (0 on padding)
+
+
+def layout(rollouts: Sequence[RolloutCompleted], device: torch.device, pad_id: int = 0) -> TokenBatch:
+    """Packs rollouts into padded tensors without re-tokenizing anything."""
+    lengths = [len(r.prompt_token_ids) + len(r.completion_token_ids) for r in rollouts]
+    width, completion = max(lengths), max(len(r.completion_token_ids) for r in rollouts)
+    input_ids = torch.full((len(rollouts), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(rollouts), width), dtype=torch.long)
+    targets = torch.zeros((len(rollouts), completion), dtype=torch.long)
+    gather = torch.zeros((len(rollouts), completion), dtype=torch.long)
+    mask = torch.zeros((len(rollouts), completion), dtype=torch.float32)
+    for i, r in enumerate(rollouts):
+        p, c = len(r.prompt_token_ids), len(r.completion_token_ids)
+        input_ids[i, : p + c] = torch.tensor(r.prompt_token_ids + r.completion_token_ids)
+        attention[i, : p + c] = 1
+        targets[i, :c] = torch.tensor(r.completion_token_ids)
+        gather[i, :c] = torch.arange(p - 1, p + c - 1)
+        mask[i, :c] = torch.tensor(r.loss_mask, dtype=torch.float32)
+    return TokenBatch(input_ids.to(device), attention.to(device), targets.to(device), gather.to(device),
+                      mask.to(device))
+
+
+def token_logprobs(model, batch: TokenBatch) -> torch.Tensor:
+    """log p(completion token | everything before it), [B, C], in float32."""
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits  # [B, L, V]
+    picked = torch.gather(logits, 1, batch.gather_from.unsqueeze(-1).expand(-1, -1, logits.size(-1)))  # [B, C, V]
+    logprobs = torch.log_softmax(picked.float(), dim=-1)
+    return torch.gather(logprobs, 2, batch.targets.unsqueeze(-1)).squeeze(-1)
