@@ -107,7 +107,7 @@ class BatchConsumer:
         if not chosen or not full:
             self._pending.extendleft(reversed(chosen))
             return None
-        lags = [policy_version - d.event.rollout.min_version for d in chosen]
+        lags = [self._lag(d.event.rollout, policy_version) for d in chosen]
         batch = Batch(rollouts=[d.event for d in chosen], headers=[d.record.headers for d in chosen],
                       staleness=Staleness(min=min(lags), mean=sum(lags) / len(lags), max=max(lags)),
                       drops={k: list(v) for k, v in self.drops.items()})
@@ -147,12 +147,18 @@ class BatchConsumer:
             self.consumer.dead_letter(delivery, reason)
             self.counts["dead_lettered"] += 1
             return
-        lag = policy_version - (rollout.min_version if rollout.min_version is not None else policy_version)
-        if lag > self.settings.max_off_policy:
+        if self._lag(rollout, policy_version) > self.settings.max_off_policy:
             self.drops["stale"].append(rollout.rollout_id)
             self.counts["stale"] += 1
             return
         self._pending.append(delivery)
+
+    @staticmethod
+    def _lag(rollout, policy_version: int) -> int:
+        """Versions between the rollout's oldest sampled token and the trainer. A version newer than
+        the trainer's (a trainer restored from an older checkpoint than the fleet saw) counts as 0."""
+        oldest = rollout.min_version if rollout.min_version is not None else policy_version
+        return max(0, policy_version - oldest)
 
     def _unusable(self, scored: ScoredRollout) -> str | None:
         rollout = scored.rollout
@@ -171,6 +177,12 @@ class BatchConsumer:
         return [RolloutsDropped(rollout_ids=ids, reason=reason, stage="trainer",
                                 detail=f"more than {self.settings.max_off_policy} versions behind the trainer")
                 for reason, ids in drops.items() if ids]
+
+    def accounted_ids(self) -> list[str]:
+        """Recent rollout ids that a step has accounted for (pending ones excluded: after a restart
+        they are read again and must not look like duplicates)."""
+        pending = {d.event.rollout.rollout_id for d in self._pending}
+        return [rid for rid in self.seen if rid not in pending]
 
     def flush(self) -> None:
         """Makes dead letters durable (before a checkpoint moves past their records)."""

@@ -142,7 +142,7 @@ class Trainer:
             self.consumer.flush()
             # Step 5
             self.state.positions = dict(self.consumer.positions)
-            self.state.seen = list(self.consumer.seen)
+            self.state.seen = self.consumer.accounted_ids()
             checkpoint.save(self.settings.checkpoint_dir, self.model, self.optimizer, self.state,
                             keep=self.settings.keep_checkpoints)
             # Step 6

@@ -12,10 +12,10 @@ import pytest
 import torch
 from conftest import scored
 
-from rollwire.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
+from rollwire.bus import AtOffsets, EmbeddedBusSettings, EventProducer, catalog_topics, open_log
 from rollwire.objectstore import LocalStore
 from rollwire.schemas import Codec, DeadLetter, RolloutsDropped, Topics, TrainStepCompleted, WeightsPublished
-from rollwire.trainer import losses
+from rollwire.trainer import checkpoint, losses
 from rollwire.trainer.loop import Trainer, TrainerSettings
 from rollwire.trainer.model import ModelSettings, layout, load_policy, token_logprobs
 from rollwire.trainer.step import train_step
@@ -124,6 +124,10 @@ def test_kill_9_mid_run_then_restart_trains_every_rollout_once_or_drops_it(world
         time.sleep(0.2)
     os.kill(first.pid, signal.SIGKILL)
     first.wait()
+    late = [scored(900 + i, version=0) for i in range(8)]  # three or more versions behind by now: stale
+    late += [scored(950 + i, version=99) for i in range(8)]  # fresh: the step that takes them reports the drops
+    send_scored(log, topics, late)
+    everything += late
     second = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stderr[-3000:]
 
@@ -132,7 +136,14 @@ def test_kill_9_mid_run_then_restart_trains_every_rollout_once_or_drops_it(world
         assert steps.setdefault(e.step, e.rollout_ids) == e.rollout_ids, "a re-sent step must be identical"
     trained = [rid for ids in steps.values() for rid in ids]
     dropped = [rid for e in events(log, topics.drops) for rid in e.rollout_ids]
+    # What the last checkpoint has not read past waits for a fuller batch: fewer than one batch.
+    state = checkpoint.load_state(checkpoint.latest(tmp_path / "ckpt"))
+    waiting = []
+    with log.reader([topics.scored], AtOffsets(state.positions)) as reader:
+        while batch := reader.poll_batch(1000, 0.5):
+            waiting += [Codec().decode(r.value).event.rollout.rollout_id for r in batch]
     assert len(trained) == len(set(trained)), "no rollout is trained twice"
-    assert not set(trained) & set(dropped)
-    assert set(trained) | set(dropped) == {s.rollout.rollout_id for s in everything}
+    assert not set(trained) & set(dropped) and not set(waiting) & (set(trained) | set(dropped))
+    assert set(trained) | set(dropped) | set(waiting) == {s.rollout.rollout_id for s in everything}
+    assert len(waiting) < 8 and {f"r{900 + i}" for i in range(8)} <= set(dropped)
     assert sorted(steps) == list(range(1, len(steps) + 1)) and dropped
