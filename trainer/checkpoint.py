@@ -8,7 +8,8 @@ saved as one unit, so a restart resumes exactly.
 
 It is written to `step-….partial` and renamed: a directory named `step-N` is always complete.
 The outbox holds the events of step N (train step, weights, drops); they are sent after the
-rename, and sent again on restart, which consumers absorb (they dedupe on step and rollout id).
+rename, then `outbox-sent` is written. A restart that finds no `outbox-sent` sends them again,
+which consumers absorb (they dedupe on step and rollout id).
 """
 
 from __future__ import annotations
@@ -59,6 +60,15 @@ def save(folder: Path, model, optimizer, state: TrainerState, keep: int = 2) -> 
     for old in sorted(folder.glob("step-????????"))[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def mark_sent(path: Path) -> None:
+    """Records that the outbox of checkpoint `path` reached the log."""
+    (path / "outbox-sent").touch()
+
+
+def outbox_sent(path: Path) -> bool:
+    return (path / "outbox-sent").exists()
 
 
 def latest(folder: Path) -> Path | None:

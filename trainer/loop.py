@@ -10,10 +10,10 @@ One step, as a commit protocol:
     # Step 3  version += 1; when due, write the weights to the object store (manifest last)
     # Step 4  build the step's outbox (train step, weights published, drops); flush dead letters
     # Step 5  checkpoint model, optimizer, read positions, version and outbox as one unit
-    # Step 6  send the outbox
+    # Step 6  send the outbox, then mark it sent
 
 A crash before Step 5 redoes the step from the previous checkpoint on the same rollouts; a crash
-after it re-sends the outbox. Either way each rollout is trained once or dropped once.
+after it, before the mark, re-sends the outbox. Either way each rollout is trained once or dropped once.
 """
 
 from __future__ import annotations
@@ -94,7 +94,8 @@ class Trainer:
                                       seen=self.state.seen, producer=self.producer)
         if previous is not None:
             logger.info("resuming at step %d (version %d) from %s", self.state.step, self.state.version, previous)
-            self._send_outbox()  # the previous run may have stopped between Steps 5 and 6
+            if not checkpoint.outbox_sent(previous):  # the previous run stopped between Steps 5 and 6
+                self._send_outbox(previous)
 
     def _load_model(self, previous: Path | None):
         if previous is None or self.settings.model.lora is not None:
@@ -143,10 +144,10 @@ class Trainer:
             # Step 5
             self.state.positions = dict(self.consumer.positions)
             self.state.seen = self.consumer.accounted_ids()
-            checkpoint.save(self.settings.checkpoint_dir, self.model, self.optimizer, self.state,
-                            keep=self.settings.keep_checkpoints)
+            saved = checkpoint.save(self.settings.checkpoint_dir, self.model, self.optimizer, self.state,
+                                    keep=self.settings.keep_checkpoints)
             # Step 6
-            self._send_outbox()
+            self._send_outbox(saved)
         logger.info("step %d: loss %s, reward %.3f, %d rollouts, staleness max %d", event.step, event.loss,
                     event.reward_mean, len(batch.rollouts), batch.staleness.max)
         return event
@@ -175,11 +176,12 @@ class Trainer:
     def _entry(topic: str, key: str, event) -> dict:
         return {"topic": topic, "key": key, "event": event.model_dump(mode="json")}
 
-    def _send_outbox(self) -> None:
+    def _send_outbox(self, saved: Path) -> None:
         for entry in self.state.outbox:
             event_cls = EVENT_TYPES[entry["event"]["type"]]
             self.producer.send(entry["topic"], event_cls.model_validate(entry["event"]), key=entry["key"])
         self.producer.flush()
+        checkpoint.mark_sent(saved)
 
     def close(self) -> None:
         self.consumer.close()

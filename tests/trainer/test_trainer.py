@@ -147,3 +147,24 @@ def test_kill_9_mid_run_then_restart_trains_every_rollout_once_or_drops_it(world
     assert set(trained) | set(dropped) | set(waiting) == {s.rollout.rollout_id for s in everything}
     assert len(waiting) < 8 and {f"r{900 + i}" for i in range(8)} <= set(dropped)
     assert sorted(steps) == list(range(1, len(steps) + 1)) and dropped
+
+
+def test_a_lora_trainer_publishes_adapter_versions_and_resumes(world, tmp_path, tiny_policy):
+    log, topics, store = world
+    send_scored(log, topics, [scored(i) for i in range(8)])
+    lora = TrainerSettings(model=ModelSettings(path=str(tiny_policy), lora={"rank": 4, "target_modules": ["q_proj"]}),
+                           lr=1e-2, checkpoint_dir=tmp_path / "ckpt", batch={"batch_rollouts": 4})
+    trainer = Trainer(log, topics, store, lora)
+    trainer.step(timeout_s=2)
+    adapter = {k: v.clone() for k, v in trainer.model.state_dict().items() if "lora_" in k}
+    trainer.close()
+
+    resumed = Trainer(log, topics, store, lora)
+    assert resumed.state.step == 1
+    assert all(torch.equal(v, resumed.model.state_dict()[k]) for k, v in adapter.items())
+    resumed.step(timeout_s=2)
+    resumed.close()
+    weights = [e for e in events(log, topics.weights) if isinstance(e, WeightsPublished)]
+    assert [(w.version, w.format) for w in weights] == [(1, "lora"), (2, "lora")]
+    assert store.exists("policy/v00000002/adapter_model.safetensors")
+    assert adapter and all("q_proj" in k for k in adapter)
