@@ -1,0 +1,130 @@
+"""Tasksets: task rows plus the reward and metric functions that judge a rollout on them.
+
+    class ReverseDigits(Taskset):
+        name = "reverse-digits"
+        def rows(self): ...                       # dicts with a stable "task_id"
+        @reward("exact_match", weight=1.0)
+        def exact_match(self, r: RolloutView) -> float: ...
+        @metric("length")
+        def length(self, r: RolloutView) -> float: ...
+
+Rewards and metrics are plain functions of a `RolloutView`; the rollout's reward is the weighted
+sum of its rewards. A function that raises does not stop the worker: `judge` reports it as the
+rollout's error (`kind="reward"`), and the rollout is published errored, never trained.
+Group rewards (functions of the whole group) are named here and applied by the scorer
+(`rollwire.streams.group_rewards`).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from rollwire.errors import ConfigError
+from rollwire.schemas.rollout import RolloutError
+
+
+@dataclass(frozen=True)
+class RolloutView:
+    """What reward and metric functions see of a finished rollout."""
+
+    task: dict[str, Any]
+    """The task row."""
+    completion: str
+    """The final assistant text (the last message the model wrote)."""
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    """The whole conversation, as chat messages."""
+    completion_tokens: int = 0
+    """Tokens the model sampled over the rollout."""
+    finish_reason: str | None = None
+    """Why the last call stopped (`stop`, `length`, …)."""
+
+
+def reward(name: str, weight: float = 1.0) -> Callable:
+    """Marks a taskset method as a reward function with `weight` in the rollout's reward."""
+    def mark(fn: Callable) -> Callable:
+        fn.__rollwire_reward__ = (name, weight)
+        return fn
+    return mark
+
+
+def metric(name: str) -> Callable:
+    """Marks a taskset method as a metric: recorded, never rewarded."""
+    def mark(fn: Callable) -> Callable:
+        fn.__rollwire_metric__ = name
+        return fn
+    return mark
+
+
+@dataclass(frozen=True)
+class Judgement:
+    rewards: dict[str, float]
+    reward: float
+    metrics: dict[str, float]
+    error: RolloutError | None = None
+
+
+class Taskset(ABC):
+    """Task rows and how to judge rollouts on them."""
+
+    name: ClassVar[str]
+    group_rewards: ClassVar[list[dict[str, Any]]] = []
+    """Group rewards the scorer applies to this taskset's groups, e.g. `[{"name": "shortest_correct"}]`."""
+
+    @abstractmethod
+    def rows(self) -> Iterator[dict[str, Any]]:
+        """Task rows, each with a stable `task_id`."""
+
+    def reward_functions(self) -> dict[str, tuple[Callable[[RolloutView], float], float]]:
+        return {fn.__rollwire_reward__[0]: (fn, fn.__rollwire_reward__[1])
+                for fn in self._marked("__rollwire_reward__")}
+
+    def metric_functions(self) -> dict[str, Callable[[RolloutView], float]]:
+        return {fn.__rollwire_metric__: fn for fn in self._marked("__rollwire_metric__")}
+
+    def _marked(self, attribute: str) -> list[Callable]:
+        return [getattr(self, n) for n in dir(type(self)) if hasattr(getattr(type(self), n, None), attribute)]
+
+    def judge(self, view: RolloutView) -> Judgement:
+        """Runs every reward and metric; a failing or non-finite one makes the rollout errored."""
+        functions = self.reward_functions()
+        try:
+            rewards = {name: _call(name, fn, view) for name, (fn, _) in functions.items()}
+            metrics = {name: _call(name, fn, view) for name, fn in self.metric_functions().items()}
+        except _FunctionFailed as exc:
+            return Judgement({}, 0.0, {}, RolloutError(kind="reward", message=str(exc)))
+        return Judgement(rewards, sum(functions[n][1] * v for n, v in rewards.items()), metrics)
+
+
+class _FunctionFailed(Exception):
+    pass
+
+
+def _call(name: str, fn: Callable[[RolloutView], float], view: RolloutView) -> float:
+    try:
+        value = float(fn(view))
+    except Exception as exc:  # a user-written function: report it on the rollout, keep working
+        raise _FunctionFailed(f"{name} raised {type(exc).__name__}: {exc}") from exc
+    if not math.isfinite(value):
+        raise _FunctionFailed(f"{name} returned {value}")
+    return value
+
+
+_REGISTRY: dict[str, Callable[..., Taskset]] = {}
+
+
+def register_taskset(cls: type[Taskset]) -> type[Taskset]:
+    """Class decorator: makes a taskset loadable by its `name`."""
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def load_taskset(name: str, **options: Any) -> Taskset:
+    """The registered taskset `name`, built with `options`."""
+    import rollwire.producers.environments  # noqa: F401 - registers the built-in tasksets
+    if name not in _REGISTRY:
+        raise ConfigError(f"unknown taskset {name!r}; known: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name](**options)
