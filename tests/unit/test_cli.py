@@ -21,7 +21,7 @@ def rollwire(*args: str) -> subprocess.CompletedProcess:
 def test_help_lists_every_command_with_examples():
     result = rollwire("--help")
     assert result.returncode == 0
-    for command in ("topics", "tail"):
+    for command in ("topics", "tail", "score", "inference", "train"):
         assert command in result.stdout
     assert "examples:" in result.stdout
 
