@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 from rollwire.schemas import (
     DeadLetter,
     Event,
@@ -126,3 +128,18 @@ def group_of(group_id: str, rewards: list[float], *, lengths: list[int] | None =
             weight_versions=[WeightVersionSpan(version=0, start=0, end=n)] if error is None else [],
             rewards={} if error else {"exact_match": r}, reward=0.0 if error else r, error=error))
     return out
+
+
+def trainable(i: int, *, version: int = 0, advantage: float = 1.0, prompt=None, completion=None,
+           logprobs=None, mask=None) -> ScoredRollout:
+    """Scored rollout `r<i>` with token ids inside the tiny character vocabulary."""
+    rng = random.Random(i)
+    prompt = prompt or [1] + [rng.randrange(5, 80) for _ in range(6)]
+    completion = completion or [rng.randrange(5, 80) for _ in range(rng.randrange(3, 8))]
+    rollout = RolloutCompleted(
+        rollout_id=f"r{i}", group_id=f"g{i // 4}", task_id="t", environment="env", algorithm="grpo", group_size=4,
+        sample_index=i % 4, prompt_token_ids=prompt, completion_token_ids=completion,
+        completion_logprobs=logprobs or [-2.0] * len(completion), loss_mask=mask or [1] * len(completion),
+        weight_versions=[WeightVersionSpan(version=version, start=0, end=len(completion))],
+        rewards={"r": 1.0}, reward=1.0)
+    return ScoredRollout(rollout=rollout, algorithm="grpo", reward=1.0, advantage=advantage)

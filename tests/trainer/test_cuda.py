@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import scored
+from builders import trainable as scored
 
 from rollwire.trainer import losses
 from rollwire.trainer.model import ModelSettings, load_policy, resolve_device

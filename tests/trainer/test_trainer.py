@@ -10,7 +10,7 @@ import time
 
 import pytest
 import torch
-from conftest import scored
+from builders import trainable as scored
 
 from rollwire.bus import AtOffsets, EmbeddedBusSettings, EventProducer, catalog_topics, open_log
 from rollwire.objectstore import LocalStore
