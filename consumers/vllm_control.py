@@ -64,10 +64,17 @@ class VllmControl:
         """The label the server gives tokens sampled now (`default` before any update)."""
         return self._request("GET", "/weight_info")["weight_version"]
 
+    def pause(self, mode: str = "keep") -> None:
+        """Stops scheduling: `keep` freezes in-flight requests, `wait` drains them, `abort` drops them."""
+        self._request("POST", f"/pause?mode={mode}")
+
+    def resume(self) -> None:
+        self._request("POST", "/resume")
+
     def swap_full_weights(self, weights_dir: str, version_label: str) -> float:
         """Steps 1-5 above; returns the seconds generation was paused."""
         # Step 1
-        self._request("POST", "/pause?mode=keep")
+        self.pause("keep")
         started = time.perf_counter()
         try:
             # Step 2
@@ -79,7 +86,7 @@ class VllmControl:
             self._reset_prefix_cache()
         finally:
             # Step 5
-            self._request("POST", "/resume")
+            self.resume()
         return time.perf_counter() - started
 
     def _reset_prefix_cache(self, attempts: int = 20) -> None:

@@ -89,6 +89,9 @@ def test_a_request_in_flight_during_a_swap_completes_and_reports_both_versions(f
     reader = threading.Thread(target=stream)
     reader.start()
     assert started.wait(120)
+    # On a CPU the tiny model decodes faster than a checkpoint downloads, so the request is held
+    # (pause, keep) until the subscriber's own swap resumes it: it is certainly in flight then.
+    fleet.server.control.pause("keep")
     fleet.publish(version_base + 2, tiny_models.version(seed=13))
     statuses = subscriber.poll(timeout_s=5)
     reader.join(180)
