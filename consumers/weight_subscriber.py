@@ -5,7 +5,7 @@
 
 For each `WeightsPublished` of its policy, newest first on start (catch-up) and then as they come:
 
-    # Step 1  refuse versions not newer than the one served (an old event arriving late)
+    # Step 1  ignore the served version sent again; refuse older ones (an old event arriving late)
     # Step 2  download into a fresh cache folder and verify: manifest digest, every file's size and
     #         sha256, safetensors headers (`rollwire.checkpoints.fetch`)
     # Step 3  full weights: names, dtypes and shapes must equal the served model's
@@ -106,13 +106,18 @@ class WeightSubscriber:
                 statuses.append(self._report("failed", None, reason=f"weights event at offset {record.offset} "
                                                                      f"does not decode: {exc}"))
                 continue
-            statuses.append(self.apply(event))
+            status = self.apply(event)
+            if status is not None:
+                statuses.append(status)
         self._unload_retired()
         return statuses
 
-    def apply(self, event: WeightsPublished) -> ReplicaStatus:
-        """Steps 1-5 for one version."""
+    def apply(self, event: WeightsPublished) -> ReplicaStatus | None:
+        """Steps 1-5 for one version; None when it is the version already served (a re-sent event)."""
         # Step 1
+        if self.serving is not None and (event.version, event.manifest_sha256) == \
+                (self.serving.version, self.serving.manifest_sha256):
+            return None
         if self.serving is not None and event.version <= self.serving.version:
             return self._report("failed", event, reason=f"version {event.version} is not newer than the served "
                                                         f"version {self.serving.version}; keeping it")

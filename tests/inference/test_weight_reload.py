@@ -158,9 +158,10 @@ def test_a_bad_checkpoint_is_refused_and_the_previous_version_keeps_serving(flee
 
 def test_wrong_shapes_and_older_versions_are_refused_before_touching_the_engine(fleet, tiny_models, version_base):
     good = tiny_models.version(seed=19)
-    fleet.publish(version_base + 5, good)
+    served = fleet.publish(version_base + 5, good)
     subscriber = fleet.subscriber()
     subscriber.catch_up()
+    fleet.trainer.send(fleet.topics.weights, served, key="policy")  # re-sent after a trainer restart: a no-op
     fleet.publish(version_base + 6, tiny_models.version(seed=20, intermediate=192))
     fleet.publish(version_base + 4, tiny_models.version(seed=21))
 
