@@ -20,14 +20,17 @@ class ReverseDigits(Taskset):
     name = "reverse-digits"
     group_rewards = [{"name": "shortest_correct", "bonus": 0.2, "correct": "exact_match"}]
 
-    def __init__(self, *, seed: int = 0, count: int = 100_000, min_digits: int = 3, max_digits: int = 6) -> None:
+    def __init__(self, *, seed: int = 0, count: int = 100_000, min_digits: int = 3, max_digits: int = 6,
+                 bos: str = "<|bos|>") -> None:
         self.seed, self.count, self.min_digits, self.max_digits = seed, count, min_digits, max_digits
+        self.bos = bos
+        """Text of the tokenizer's beginning-of-sequence token, written before each prompt."""
 
     def rows(self) -> Iterator[dict]:
         rng = random.Random(self.seed)
         for i in range(self.count):
             digits = "".join(rng.choice("0123456789") for _ in range(rng.randint(self.min_digits, self.max_digits)))
-            yield {"task_id": f"rev-{self.seed}-{i}", "prompt": f"r:{digits}>", "answer": digits[::-1]}
+            yield {"task_id": f"rev-{self.seed}-{i}", "prompt": f"{self.bos}r:{digits}>", "answer": digits[::-1]}
 
     @reward("exact_match")
     def exact_match(self, r: RolloutView) -> float:

@@ -1,0 +1,147 @@
+"""The env worker: tasks in, scored-by-environment rollouts out, with exact token provenance.
+
+    reads:  <prefix>.tasks     (consumer group `env-workers`: more workers, more throughput)
+    writes: <prefix>.rollouts, <prefix>.traces, <prefix>.deadletter
+
+For each `TaskAssigned` it runs the group's rollouts concurrently (at most `concurrency` at once),
+each with its own `Interceptor`, judges them with the taskset's reward functions, and publishes one
+`RolloutCompleted` and one `TraceRecorded` per rollout, keyed by group id. A harness that raises,
+hangs past `rollout_timeout_s`, or an inference error makes that rollout errored (published with
+the reason, never trained); the worker goes on. A task naming an unknown environment is
+dead-lettered. Offsets are committed after a group's events are flushed.
+
+Harnesses implemented so far: `completion` (one raw-text completion of the taskset's prompt).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import time
+from collections.abc import Callable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rollwire.bus import DeadLetters, EventConsumer, EventLog, EventProducer
+from rollwire.consumers.vllm_control import VllmControl
+from rollwire.producers.assembly import assemble
+from rollwire.producers.interception import Interceptor
+from rollwire.producers.tasksets import RolloutView, Taskset
+from rollwire.schemas.base import now_ms
+from rollwire.schemas.rollout import (
+    RolloutCompleted,
+    RolloutError,
+    RolloutTimings,
+    TaskAssigned,
+    TraceNode,
+    TraceRecorded,
+)
+from rollwire.schemas.topics import Topics
+
+logger = logging.getLogger(__name__)
+
+Harness = Callable[[dict, Interceptor], str]
+"""`harness(task_row, interceptor) -> final answer text`; all inference goes through the interceptor."""
+
+
+def completion_harness(row: dict, interceptor: Interceptor) -> str:
+    """One completion of the row's `prompt` (raw text; the taskset writes any special tokens)."""
+    return interceptor.complete(row["prompt"])
+
+
+class EnvWorkerSettings(BaseModel):
+    """Settings of one env worker."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    group_id: str = "env-workers"
+    """Consumer group shared by all env workers of a run."""
+    concurrency: int = Field(default=8, ge=1)
+    """Rollouts in flight at once in this worker."""
+    rollout_timeout_s: float = Field(default=120.0, gt=0)
+    """A rollout still running after this long is published errored (`timeout`)."""
+    name: str = "env-worker"
+    """Producer name in event envelopes."""
+
+
+class EnvWorker:
+    def __init__(self, log: EventLog, topics: Topics, control: VllmControl, tasksets: dict[str, Taskset],
+                 settings: EnvWorkerSettings | None = None, *, harness: Harness = completion_harness,
+                 model: str | None = None) -> None:
+        self.settings = settings or EnvWorkerSettings()
+        self.topics, self.control, self.tasksets, self.harness, self.model = topics, control, tasksets, harness, model
+        self.producer = EventProducer(log.producer(), topics, name=self.settings.name)
+        self.consumer = EventConsumer(log.consumer([topics.tasks], self.settings.group_id),
+                                      DeadLetters(self.producer, self.settings.name), group=self.settings.group_id)
+        self.pool = concurrent.futures.ThreadPoolExecutor(self.settings.concurrency, thread_name_prefix="rollout")
+
+    def step(self, timeout_s: float = 1.0) -> int:
+        """Runs the groups of the tasks that arrive within `timeout_s`; returns rollouts published."""
+        published = 0
+        for delivery in self.consumer.poll_batch(4, timeout_s):
+            task: TaskAssigned = delivery.event
+            taskset = self.tasksets.get(task.environment)
+            if taskset is None:
+                self.consumer.dead_letter(delivery, f"no environment {task.environment!r} in this worker "
+                                                    f"(it runs {', '.join(sorted(self.tasksets))})")
+                continue
+            with self.consumer.process_span(delivery):
+                for rollout, trace in self.run_group(task, taskset):
+                    self.producer.send(self.topics.rollouts, rollout, key=task.group_id)
+                    self.producer.send(self.topics.traces, trace, key=task.group_id)
+                    published += 1
+        self.producer.flush()
+        self.consumer.commit()
+        return published
+
+    def run_group(self, task: TaskAssigned, taskset: Taskset) -> list[tuple[RolloutCompleted, TraceRecorded]]:
+        futures = [self.pool.submit(self._rollout, task, taskset, i) for i in range(task.group_size)]
+        results = []
+        for i, future in enumerate(futures):
+            try:
+                results.append(future.result(timeout=self.settings.rollout_timeout_s))
+            except concurrent.futures.TimeoutError:
+                results.append(self._errored(task, i, "timeout",
+                                             f"the harness ran past rollout_timeout_s = {self.settings.rollout_timeout_s:g}"))
+        return results
+
+    def _rollout(self, task: TaskAssigned, taskset: Taskset, index: int) -> tuple[RolloutCompleted, TraceRecorded]:
+        interceptor = Interceptor(self.control, task.sampling, model=self.model)
+        started = time.perf_counter()
+        try:
+            answer = self.harness(task.task, interceptor)
+        except Exception as exc:  # harness code is user code: report it on the rollout
+            kind = "inference" if "VllmError" in type(exc).__name__ else "harness_crash"
+            return self._errored(task, index, kind, f"{type(exc).__name__}: {exc}")
+        ran = time.perf_counter() - started
+        record = assemble(interceptor.calls)
+        judged_at = time.perf_counter()
+        judgement = taskset.judge(RolloutView(task=task.task, completion=answer,
+                                              completion_tokens=sum(record.loss_mask),
+                                              finish_reason=interceptor.finish_reason))
+        inference = sum(c.latency_s for c in interceptor.calls)
+        rollout = RolloutCompleted(
+            group_id=task.group_id, task_id=task.task_id, environment=task.environment, algorithm=task.algorithm,
+            group_size=task.group_size, sample_index=index, prompt_token_ids=record.prompt_token_ids,
+            completion_token_ids=record.completion_token_ids, completion_logprobs=record.completion_logprobs,
+            loss_mask=record.loss_mask, weight_versions=record.weight_versions, rewards=judgement.rewards,
+            reward=judgement.reward, metrics=judgement.metrics, error=judgement.error,
+            timings=RolloutTimings(queued_s=max(0.0, (now_ms() - task.issued_at_ms) / 1000 - ran),
+                                   inference_s=inference, environment_s=max(0.0, ran - inference),
+                                   scoring_s=time.perf_counter() - judged_at))
+        nodes = [TraceNode(node_id=i, parent_id=i - 1 if i else None, branch=b, kind="llm_call", call=c)
+                 for i, (c, b) in enumerate(zip(interceptor.calls, record.branches))]
+        return rollout, TraceRecorded(rollout_id=rollout.rollout_id, group_id=task.group_id, nodes=nodes)
+
+    @staticmethod
+    def _errored(task: TaskAssigned, index: int, kind: str, message: str) -> tuple[RolloutCompleted, TraceRecorded]:
+        rollout = RolloutCompleted(group_id=task.group_id, task_id=task.task_id, environment=task.environment,
+                                   algorithm=task.algorithm, group_size=task.group_size, sample_index=index,
+                                   error=RolloutError(kind=kind, message=message))
+        logger.warning("rollout %d of group %s errored: %s", index, task.group_id, message)
+        return rollout, TraceRecorded(rollout_id=rollout.rollout_id, group_id=task.group_id)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.consumer.close()
+        self.producer.close()

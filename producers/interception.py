@@ -1,0 +1,61 @@
+"""The interception layer between a harness and the inference fleet: every call is recorded in
+tokens, with the sampler's logprobs and the weight version that sampled each token.
+
+    harness ── complete(text) / chat(messages) ──▶ Interceptor ──▶ vLLM /inference/v1/generate
+                                                       │            (token ids in, token ids out)
+                                                       └─ calls: [InferenceCall …] ─▶ assemble()
+
+Text is turned into token ids once, by the server's own tokenizer (`/tokenize`), and what the
+model sampled comes back as token ids; the text a harness sees is decoded from those ids. The
+sampling settings of the task are enforced on every call; a harness cannot change them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from rollwire.consumers.vllm_control import VllmControl
+from rollwire.schemas.rollout import InferenceCall, SamplingParams, WeightVersionSpan
+
+
+class Interceptor:
+    """Records one rollout's calls; give each rollout its own."""
+
+    def __init__(self, control: VllmControl, sampling: SamplingParams, *, model: str | None = None) -> None:
+        self.control, self.sampling, self.model = control, sampling, model
+        self.calls: list[InferenceCall] = []
+        self.finish_reason: str | None = None
+        self._lock = threading.Lock()
+
+    def complete(self, prompt: str) -> str:
+        """Samples a continuation of `prompt` (raw text, special tokens allowed) and returns its text."""
+        ids = self.control._request("POST", "/tokenize", {"prompt": prompt, "add_special_tokens": False})["tokens"]
+        return self.complete_ids(ids)
+
+    def complete_ids(self, prompt_ids: list[int]) -> str:
+        """Samples a continuation of `prompt_ids`; records the call; returns the decoded text."""
+        started = time.perf_counter()
+        answer = self.control.generate(prompt_ids, max_tokens=self.sampling.max_tokens,
+                                       temperature=self.sampling.temperature, model=self.model)
+        choice = answer["choices"][0]
+        completion = choice["token_ids"]
+        call = InferenceCall(
+            prompt_token_ids=list(prompt_ids), completion_token_ids=completion,
+            completion_logprobs=[c["logprob"] for c in choice["logprobs"]["content"]],
+            weight_versions=[WeightVersionSpan(version=_version(s["version"]), start=s["start"], end=s["end"])
+                             for s in choice.get("weight_versions") or []],
+            finish_reason=choice.get("finish_reason"), latency_s=time.perf_counter() - started)
+        with self._lock:
+            self.calls.append(call)
+            self.finish_reason = call.finish_reason
+        if choice.get("finish_reason") == "stop" and choice.get("stop_reason") is None:
+            completion = completion[:-1]  # the end-of-sequence token: trained on, never shown as text
+        if not completion:
+            return ""
+        return self.control._request("POST", "/detokenize", {"tokens": completion})["prompt"]
+
+
+def _version(label: str) -> int:
+    """The integer version of a server label; the base model (`default`) is version 0."""
+    return int(label) if label.isdigit() else 0

@@ -1,0 +1,73 @@
+"""The env worker against a real vLLM server: rollouts carry exactly the sampled token ids."""
+
+from __future__ import annotations
+
+import pytest
+from reference import transformers_logprobs
+
+from rollwire.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
+from rollwire.producers.env_worker import EnvWorker, EnvWorkerSettings, completion_harness
+from rollwire.producers.tasksets import load_taskset
+from rollwire.schemas import Codec, DeadLetter, SamplingParams, TaskAssigned, Topics
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+
+def read(log, topic):
+    with log.reader([topic]) as reader:
+        out = []
+        while batch := reader.poll_batch(1000, 0.5):
+            out += [Codec().decode(r.value).event for r in batch]
+        return out
+
+
+def test_rollouts_carry_the_sampled_ids_their_rewards_and_errors(vllm_server, tiny_models, version_base, tmp_path):
+    vllm_server.control.swap_full_weights(str(tiny_models.base), str(version_base))
+    topics = Topics("env")
+    log = open_log(EmbeddedBusSettings(path=tmp_path / "log"))
+    log.create_topics(catalog_topics(topics))
+    taskset = load_taskset("reverse-digits", seed=7, count=3)
+    rows = list(taskset.rows())
+    dispatcher = EventProducer(log.producer(), topics, name="dispatcher")
+    for row in rows:
+        dispatcher.send(topics.tasks, TaskAssigned(task_id=row["task_id"], environment="reverse-digits",
+                                                   algorithm="grpo", group_size=3, task=row, policy_version=0,
+                                                   sampling=SamplingParams(max_tokens=8)), key=row["task_id"])
+    dispatcher.send(topics.tasks, TaskAssigned(task_id="x", environment="chess", algorithm="grpo", group_size=2,
+                                               policy_version=0), key="x")
+    dispatcher.close()
+
+    def harness(row, interceptor):
+        if row["task_id"].endswith("-1"):
+            raise RuntimeError("the tool server is down")
+        return completion_harness(row, interceptor)
+
+    worker = EnvWorker(log, topics, vllm_server.control, {"reverse-digits": taskset},
+                       EnvWorkerSettings(concurrency=3), harness=harness)
+    published = 0
+    for _ in range(20):
+        published += worker.step(timeout_s=1)
+        if published == 9:
+            break
+    worker.close()
+
+    rollouts = read(log, topics.rollouts)
+    assert len(rollouts) == 9 and len(read(log, topics.traces)) == 9
+    errored = [r for r in rollouts if r.error is not None]
+    assert {r.task_id for r in errored} == {rows[1]["task_id"]}
+    assert all(r.error.kind == "harness_crash" and "tool server is down" in r.error.message for r in errored)
+    control = vllm_server.control
+    for r in (r for r in rollouts if r.error is None):
+        row = next(x for x in rows if x["task_id"] == r.task_id)
+        assert r.prompt_token_ids == control._request("POST", "/tokenize", {"prompt": row["prompt"],
+                                                                             "add_special_tokens": False})["tokens"]
+        assert r.completion_logprobs == pytest.approx(
+            transformers_logprobs(tiny_models.base, r.prompt_token_ids, r.completion_token_ids), abs=1e-3)
+        assert r.weight_versions[0].version == version_base and r.loss_mask == [1] * len(r.completion_token_ids)
+        shown = r.completion_token_ids[:-1] if r.completion_token_ids[-1] == 2 else r.completion_token_ids
+        text = control._request("POST", "/detokenize", {"tokens": shown})["prompt"] if shown else ""
+        finished = r.completion_token_ids[-1] == 2
+        assert r.rewards == {"exact_match": float(finished and text.strip().rstrip(".") == row["answer"])}
+        assert r.metrics["completion_tokens"] == len(r.completion_token_ids)
+    [letter] = [e for e in read(log, topics.deadletter) if isinstance(e, DeadLetter)]
+    assert "no environment 'chess'" in letter.error
