@@ -1,0 +1,129 @@
+"""The dispatcher: hands out tasks from a weighted mix of environments, only as fast as the
+trainer's off-policy budget allows.
+
+    reads:  <prefix>.train (steps: rollouts trained), <prefix>.drops (rollouts dropped)
+    writes: <prefix>.tasks (TaskAssigned, key: group id)
+
+Pacing. A rollout issued now is trained after every rollout already in flight; with
+`batch_rollouts` per step, it waits about in_flight / batch_rollouts steps, and its lag is that
+many versions. Keeping
+
+    in_flight + group_size <= (max_off_policy + 1) * batch_rollouts
+
+before issuing a group keeps the lag within `max_off_policy` (the trainer still drops what
+slips past it, e.g. after a slow group). `max_off_policy = 0` makes the loop synchronous: one
+step's worth of work at a time. In flight = rollouts issued - rollouts trained - rollouts dropped.
+(Rollouts dead-lettered downstream are not counted back; each one narrows the budget by one.)
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Iterator
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rollwire.bus import AtOffsets, EventLog, EventProducer
+from rollwire.producers.tasksets import Taskset
+from rollwire.schemas.envelope import Codec
+from rollwire.schemas.rollout import SamplingParams, TaskAssigned
+from rollwire.schemas.topics import Topics
+from rollwire.schemas.training import RolloutsDropped, TrainStepCompleted
+
+
+class EnvironmentMix(BaseModel):
+    """One environment in the dispatcher's mix."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    name: str
+    """Registered taskset name."""
+    weight: float = Field(default=1.0, gt=0)
+    """Share of groups drawn from this environment, relative to the others."""
+    algorithm: str = "grpo"
+    """Advantage algorithm for its groups."""
+    group_size: int = Field(default=8, ge=1)
+    """Rollouts per task."""
+    sampling: SamplingParams = SamplingParams()
+    """Sampling settings for its rollouts."""
+
+
+class DispatcherSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    max_off_policy: int = Field(default=2, ge=0)
+    """Versions a rollout may lag the trainer; the same value the trainer uses."""
+    batch_rollouts: int = Field(default=64, ge=1)
+    """The trainer's rollouts per step."""
+    seed: int = 0
+    """Seed of the environment draw."""
+
+
+def may_issue(in_flight: int, group_size: int, max_off_policy: int, batch_rollouts: int) -> bool:
+    """Whether a group of `group_size` fits the off-policy budget (see the module docstring)."""
+    return in_flight + group_size <= (max_off_policy + 1) * batch_rollouts
+
+
+class Dispatcher:
+    def __init__(self, log: EventLog, topics: Topics, mix: list[tuple[EnvironmentMix, Taskset]],
+                 settings: DispatcherSettings) -> None:
+        if not mix:
+            raise ValueError("the dispatcher needs at least one environment")
+        self.topics, self.mix, self.settings = topics, mix, settings
+        self.producer = EventProducer(log.producer(), topics, name="dispatcher")
+        starts = {(t, p): 0 for t in (topics.train, topics.drops) for p in range(log.partitions(t))}
+        self.progress = log.reader([topics.train, topics.drops], AtOffsets(starts))
+        self.rows: dict[str, Iterator[dict]] = {env.name: itertools.cycle(taskset.rows()) for env, taskset in mix}
+        self.rng = random.Random(settings.seed)
+        self.issued = self.accounted = 0
+        self.policy_version = 0
+        self._codec = Codec()
+        self._count_issued(log)
+
+    def _count_issued(self, log: EventLog) -> None:
+        """A restarted dispatcher counts what earlier runs issued, so its budget stays right."""
+        with log.reader([self.topics.tasks]) as reader:
+            while batch := reader.poll_batch(1000, 0.2):
+                self.issued += sum(self._codec.decode(r.value).event.group_size for r in batch if r.value)
+
+    @property
+    def in_flight(self) -> int:
+        return self.issued - self.accounted
+
+    def _read_progress(self, timeout_s: float) -> None:
+        records = self.progress.poll_batch(1000, timeout_s)
+        while more := self.progress.poll_batch(1000, 0.0):  # everything already there, every partition
+            records += more
+        for record in records:
+            if record.value is None:
+                continue
+            event = self._codec.decode(record.value).event
+            if isinstance(event, TrainStepCompleted):
+                self.accounted += len(event.rollout_ids)
+                self.policy_version = max(self.policy_version, event.policy_version)
+            elif isinstance(event, RolloutsDropped):
+                self.accounted += len(event.rollout_ids)
+
+    def step(self, timeout_s: float = 0.5) -> int:
+        """Issues every group that fits the budget now; returns how many."""
+        self._read_progress(timeout_s)
+        issued = 0
+        while True:
+            env = self.rng.choices([e for e, _ in self.mix], weights=[e.weight for e, _ in self.mix])[0]
+            if not may_issue(self.in_flight, env.group_size, self.settings.max_off_policy,
+                             self.settings.batch_rollouts):
+                break
+            row = next(self.rows[env.name])
+            task = TaskAssigned(task_id=row["task_id"], environment=env.name, algorithm=env.algorithm,
+                                group_size=env.group_size, task=row, sampling=env.sampling,
+                                policy_version=self.policy_version)
+            self.producer.send(self.topics.tasks, task, key=task.group_id)
+            self.issued += env.group_size
+            issued += 1
+        self.producer.flush()
+        return issued
+
+    def close(self) -> None:
+        self.progress.close()
+        self.producer.close()

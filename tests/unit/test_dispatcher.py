@@ -1,0 +1,49 @@
+"""The dispatcher keeps in-flight work inside the off-policy budget and mixes environments."""
+
+from __future__ import annotations
+
+from rollwire.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
+from rollwire.producers.dispatcher import Dispatcher, DispatcherSettings, EnvironmentMix, may_issue
+from rollwire.producers.tasksets import load_taskset
+from rollwire.schemas import Codec, RolloutsDropped, TaskAssigned, Topics, TrainStepCompleted
+
+
+def test_the_budget_is_max_off_policy_plus_one_batches():
+    assert may_issue(0, 8, 0, 8) and not may_issue(1, 8, 0, 8)
+    assert may_issue(16, 8, 2, 8) and not may_issue(17, 8, 2, 8)
+
+
+def test_the_dispatcher_issues_only_what_the_trainer_can_take_in_time(tmp_path):
+    topics = Topics("d")
+    log = open_log(EmbeddedBusSettings(path=tmp_path / "log"))
+    log.create_topics(catalog_topics(topics))
+    mix = [(EnvironmentMix(name="reverse-digits", group_size=4, weight=3.0), load_taskset("reverse-digits", count=50)),
+           (EnvironmentMix(name="math-word", group_size=4, weight=1.0, algorithm="rloo"), _math(tmp_path))]
+    dispatcher = Dispatcher(log, topics, mix, DispatcherSettings(max_off_policy=1, batch_rollouts=8))
+
+    assert dispatcher.step() == 4 and dispatcher.in_flight == 16  # (1 + 1) * 8 rollouts
+    assert dispatcher.step() == 0
+    trainer = EventProducer(log.producer(), topics, name="trainer")
+    trainer.send(topics.train, TrainStepCompleted(step=1, policy_version=1, rollout_ids=[f"r{i}" for i in range(6)]),
+                 key="policy")
+    trainer.send(topics.drops, RolloutsDropped(rollout_ids=["r6", "r7"], reason="stale", stage="trainer"), key="g")
+    trainer.flush()
+    assert dispatcher.step() == 2 and dispatcher.policy_version == 1
+    dispatcher.close()
+
+    restarted = Dispatcher(log, topics, mix, DispatcherSettings(max_off_policy=1, batch_rollouts=8))
+    assert restarted.step() == 0 and restarted.in_flight == 16  # its predecessor's work counts
+    restarted.close()
+    with log.reader([topics.tasks]) as reader:
+        tasks = []
+        while batch := reader.poll_batch(100, 0.3):
+            tasks += [Codec().decode(r.value).event for r in batch]
+    assert len(tasks) == 6 and all(isinstance(t, TaskAssigned) for t in tasks)
+    assert {t.environment for t in tasks} <= {"reverse-digits", "math-word"}
+    assert sorted(t.policy_version for t in tasks) == [0, 0, 0, 0, 1, 1]
+
+
+def _math(tmp_path):
+    path = tmp_path / "gsm.jsonl"
+    path.write_text('{"question": "1+1?", "answer": "#### 2"}\n')
+    return load_taskset("math-word", path=path)
