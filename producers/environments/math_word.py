@@ -51,7 +51,8 @@ class MathWord(Taskset):
                     raise ConfigError(f"{self.path}:{n} is not a {{question, answer}} JSON row: {exc}") from exc
                 if reference is None:
                     raise ConfigError(f"{self.path}:{n} has no number after '####' in its answer")
-                yield {"task_id": f"{self.path.stem}-{n}", "question": row["question"], "reference": reference}
+                yield {"task_id": f"{self.path.stem}-{n}", "question": row["question"], "reference": reference,
+                       "messages": [{"role": "user", "content": row["question"]}]}
 
     @reward("correct")
     def correct(self, r: RolloutView) -> float:
