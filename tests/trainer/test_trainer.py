@@ -168,3 +168,16 @@ def test_a_lora_trainer_publishes_adapter_versions_and_resumes(world, tmp_path, 
     assert [(w.version, w.format) for w in weights] == [(1, "lora"), (2, "lora")]
     assert store.exists("policy/v00000002/adapter_model.safetensors")
     assert adapter and all("q_proj" in k for k in adapter)
+
+
+def test_the_cpu_path_is_deterministic(tiny_policy):
+    def trained() -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        model = load_policy(ModelSettings(path=str(tiny_policy), device="cpu"))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        for _ in range(2):
+            train_step(model, optimizer, losses.build("ppo_clip"), [scored(i) for i in range(6)], micro_batch=4,
+                       max_grad_norm=1.0, device=torch.device("cpu"))
+        return [p.detach().clone() for p in model.parameters()]
+
+    assert all(torch.equal(a, b) for a, b in zip(trained(), trained()))
