@@ -105,10 +105,12 @@ class VllmControl:
 
     def generate(self, token_ids: Sequence[int], *, max_tokens: int = 16, temperature: float = 1.0,
                  logprobs: bool = True, model: str | None = None, seed: int | None = None,
-                 ignore_eos: bool = False) -> dict:
+                 ignore_eos: bool = False, stop_token_ids: Sequence[int] | None = None) -> dict:
         """Token-in, token-out generation (`/inference/v1/generate`, needs `--enable-scale-out`)."""
         body = {"token_ids": list(token_ids), "sampling_params": _sampling(max_tokens, temperature, logprobs, seed,
                                                                             ignore_eos)}
+        if stop_token_ids:
+            body["sampling_params"]["stop_token_ids"] = list(stop_token_ids)
         if model:
             body["model"] = model
         return self._request("POST", "/inference/v1/generate", body)

@@ -10,7 +10,8 @@ hangs past `rollout_timeout_s`, or an inference error makes that rollout errored
 the reason, never trained); the worker goes on. A task naming an unknown environment is
 dead-lettered. Offsets are committed after a group's events are flushed.
 
-Harnesses implemented so far: `completion` (one raw-text completion of the taskset's prompt).
+Harnesses (`rollwire.producers.harnesses`): completion, multi-turn chat with tools, and unmodified
+agent scripts behind an OpenAI-compatible endpoint.
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import time
-from collections.abc import Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from rollwire.bus import DeadLetters, EventConsumer, EventLog, EventProducer
-from rollwire.consumers.vllm_control import VllmControl
+from rollwire.consumers.vllm_control import VllmControl, VllmError
 from rollwire.producers.assembly import assemble
+from rollwire.producers.harnesses import Harness, completion_harness
 from rollwire.producers.interception import Interceptor
 from rollwire.producers.tasksets import RolloutView, Taskset
 from rollwire.schemas.base import now_ms
@@ -39,15 +40,6 @@ from rollwire.schemas.rollout import (
 from rollwire.schemas.topics import Topics
 
 logger = logging.getLogger(__name__)
-
-Harness = Callable[[dict, Interceptor], str]
-"""`harness(task_row, interceptor) -> final answer text`; all inference goes through the interceptor."""
-
-
-def completion_harness(row: dict, interceptor: Interceptor) -> str:
-    """One completion of the row's `prompt` (raw text; the taskset writes any special tokens)."""
-    return interceptor.complete(row["prompt"])
-
 
 class EnvWorkerSettings(BaseModel):
     """Settings of one env worker."""
@@ -111,7 +103,7 @@ class EnvWorker:
         try:
             answer = self.harness(task.task, interceptor)
         except Exception as exc:  # harness code is user code: report it on the rollout
-            kind = "inference" if "VllmError" in type(exc).__name__ else "harness_crash"
+            kind = "inference" if isinstance(exc, VllmError) else "harness_crash"
             return self._errored(task, index, kind, f"{type(exc).__name__}: {exc}")
         ran = time.perf_counter() - started
         record = assemble(interceptor.calls)

@@ -33,11 +33,24 @@ class Interceptor:
         ids = self.control._request("POST", "/tokenize", {"prompt": prompt, "add_special_tokens": False})["tokens"]
         return self.complete_ids(ids)
 
-    def complete_ids(self, prompt_ids: list[int]) -> str:
+    def chat(self, messages: list[dict]) -> str:
+        """Samples the assistant's next message: the server renders the chat template into token ids,
+        generation stops at the end-of-turn token (kept in the record), the text comes back."""
+        rendered = self.control._request("POST", "/v1/chat/completions/render",
+                                         {"model": self.model or "policy", "messages": messages,
+                                          "add_generation_prompt": True})
+        return self.complete_ids(rendered["token_ids"], stop_token_ids=self._end_of_turn())
+
+    def _end_of_turn(self) -> list[int]:
+        ids = self.control._request("POST", "/tokenize", {"prompt": END_OF_TURN, "add_special_tokens": False})["tokens"]
+        return ids if len(ids) == 1 else []
+
+    def complete_ids(self, prompt_ids: list[int], *, stop_token_ids: list[int] | None = None) -> str:
         """Samples a continuation of `prompt_ids`; records the call; returns the decoded text."""
         started = time.perf_counter()
         answer = self.control.generate(prompt_ids, max_tokens=self.sampling.max_tokens,
-                                       temperature=self.sampling.temperature, model=self.model)
+                                       temperature=self.sampling.temperature, model=self.model,
+                                       stop_token_ids=stop_token_ids)
         choice = answer["choices"][0]
         completion = choice["token_ids"]
         call = InferenceCall(
@@ -49,11 +62,17 @@ class Interceptor:
         with self._lock:
             self.calls.append(call)
             self.finish_reason = call.finish_reason
-        if choice.get("finish_reason") == "stop" and choice.get("stop_reason") is None:
-            completion = completion[:-1]  # the end-of-sequence token: trained on, never shown as text
+        if choice.get("finish_reason") == "stop" and (choice.get("stop_reason") is None
+                                                     or choice.get("stop_reason") in (stop_token_ids or [])):
+            completion = completion[:-1]  # the end-of-sequence or end-of-turn token: trained, never shown
         if not completion:
             return ""
         return self.control._request("POST", "/detokenize", {"tokens": completion})["prompt"]
+
+
+END_OF_TURN = "<|im_end|>"
+"""ChatML's end-of-turn token: an assistant turn must stop on it, so that re-rendering the
+conversation for the next call reproduces the sampled ids and the turns join one sequence."""
 
 
 def _version(label: str) -> int:

@@ -6,7 +6,8 @@ import pytest
 from reference import transformers_logprobs
 
 from rollwire.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
-from rollwire.producers.env_worker import EnvWorker, EnvWorkerSettings, completion_harness
+from rollwire.producers.env_worker import EnvWorker, EnvWorkerSettings
+from rollwire.producers.harnesses import completion_harness
 from rollwire.producers.tasksets import load_taskset
 from rollwire.schemas import Codec, DeadLetter, SamplingParams, TaskAssigned, Topics
 

@@ -1,0 +1,98 @@
+"""Harnesses: how the model works on a task. Every one reaches the model only through the
+rollout's `Interceptor`, so every sampled token is recorded.
+
+    completion   one raw-text completion of the row's `prompt`
+    chat         a multi-turn chat from the row's `messages`, with tools the model calls as
+                 `CALL tool(argument)`; each result comes back as a `tool` message
+    script       unmodified agent code in a subprocess that knows only an OpenAI base URL
+                 (OPENAI_BASE_URL, OPENAI_API_KEY) and the task (ROLLWIRE_TASK, JSON); the last
+                 line it prints is its answer
+
+A harness returns the final answer text; raising (or a non-zero exit) makes the rollout errored.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import operator
+import os
+import re
+import subprocess
+from collections.abc import Callable
+
+from rollwire.producers.interception import Interceptor
+from rollwire.producers.interception_server import InterceptionServer
+
+Harness = Callable[[dict, Interceptor], str]
+"""`harness(task_row, interceptor) -> final answer text`."""
+
+_CALL = re.compile(r"CALL\s+(\w+)\((.*?)\)")
+
+
+class HarnessError(RuntimeError):
+    """The harness could not finish the rollout; the message says why."""
+
+
+def completion_harness(row: dict, interceptor: Interceptor) -> str:
+    return interceptor.complete(row["prompt"])
+
+
+def calculator(expression: str) -> str:
+    """Evaluates + - * / and parentheses over numbers; anything else is an error message."""
+    ops = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+           ast.USub: operator.neg}
+
+    def value(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in ops:
+            return ops[type(node.op)](value(node.left), value(node.right))
+        if isinstance(node, ast.UnaryOp) and type(node.op) in ops:
+            return ops[type(node.op)](value(node.operand))
+        raise ValueError("only numbers and + - * / ( ) are allowed")
+
+    try:
+        result = value(ast.parse(expression, mode="eval").body)
+    except (ValueError, SyntaxError, ZeroDivisionError) as exc:
+        return f"error: {exc}"
+    return str(int(result) if float(result).is_integer() else result)
+
+
+TOOLS: dict[str, Callable[[str], str]] = {"calculator": calculator}
+
+
+def chat_harness(row: dict, interceptor: Interceptor, *, max_turns: int = 4) -> str:
+    """Chats until the model answers without calling a tool (or `max_turns` replies)."""
+    messages = list(row["messages"])
+    reply = ""
+    for _ in range(max_turns):
+        reply = interceptor.chat(messages)
+        messages.append({"role": "assistant", "content": reply})
+        call = _CALL.search(reply)
+        if call is None:
+            return reply
+        tool = TOOLS.get(call.group(1))
+        result = tool(call.group(2)) if tool else f"error: no tool {call.group(1)!r}"
+        messages.append({"role": "tool", "content": result})
+    return reply
+
+
+def script_harness(command: list[str], server: InterceptionServer, *, timeout_s: float = 120.0) -> Harness:
+    """A harness that runs `command` as an unmodified agent against the rollout's endpoint."""
+    def run(row: dict, interceptor: Interceptor) -> str:
+        base_url = server.open(interceptor)
+        try:
+            env = {**os.environ, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": "rollwire",
+                   "ROLLWIRE_TASK": json.dumps(row)}
+            try:
+                done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s)
+            except subprocess.TimeoutExpired as exc:
+                raise HarnessError(f"the agent ran past {timeout_s:g} s") from exc
+            if done.returncode != 0:
+                raise HarnessError(f"the agent exited with code {done.returncode}: {done.stderr[-500:]}")
+            lines = done.stdout.strip().splitlines()
+            return lines[-1] if lines else ""
+        finally:
+            server.close(base_url)
+    return run

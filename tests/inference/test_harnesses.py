@@ -1,0 +1,59 @@
+"""Unmodified agent code trained through the interception endpoint, on a real vLLM server: two
+chat turns and a tool message become one token sequence, tool tokens masked."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from reference import transformers_logprobs
+
+from rollwire.producers.assembly import assemble
+from rollwire.producers.harnesses import script_harness
+from rollwire.producers.interception import Interceptor
+from rollwire.producers.interception_server import InterceptionServer
+from rollwire.schemas import SamplingParams
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+AGENT = str(Path(__file__).resolve().parent.parent / "data" / "agent.py")
+
+
+def test_an_external_agent_is_captured_call_by_call_into_one_sequence(vllm_server, tiny_models, version_base):
+    vllm_server.control.swap_full_weights(str(tiny_models.base), str(version_base))
+    server = InterceptionServer()
+    interceptor = Interceptor(vllm_server.control, SamplingParams(temperature=1.0, max_tokens=12))
+    try:
+        answer = script_harness([sys.executable, AGENT], server)({"question": "what is 6*7?"}, interceptor)
+    finally:
+        server.shutdown()
+
+    first, second = interceptor.calls
+    assert len(first.completion_token_ids) <= 12  # the task's max_tokens, not the agent's 500
+    record = assemble(interceptor.calls)
+    assert record.branches == [0, 0], "the second turn must extend the first token for token"
+    between = second.prompt_token_ids[len(first.prompt_token_ids) + len(first.completion_token_ids):]
+    tool_text = vllm_server.control._request("POST", "/detokenize", {"tokens": between})["prompt"]
+    assert "tool" in tool_text and "42" in tool_text
+    n1 = len(first.completion_token_ids)
+    assert record.loss_mask == [1] * n1 + [0] * len(between) + [1] * len(second.completion_token_ids)
+    assert record.prompt_token_ids + record.completion_token_ids == second.prompt_token_ids + second.completion_token_ids
+    sampled = [i for i, m in enumerate(record.loss_mask) if m]
+    reference = transformers_logprobs(tiny_models.base, record.prompt_token_ids, record.completion_token_ids)
+    assert [record.completion_logprobs[i] for i in sampled] == pytest.approx([reference[i] for i in sampled], abs=1e-3)
+    shown = second.completion_token_ids[:-1] if second.finish_reason == "stop" else second.completion_token_ids
+    text = vllm_server.control._request("POST", "/detokenize", {"tokens": shown})["prompt"] if shown else ""
+    last_line = text.strip().splitlines()[-1] if text.strip() else ""
+    assert answer == last_line  # the agent printed the second reply, decoded from the sampled ids
+
+
+def test_a_failing_agent_is_reported_with_its_exit_code(vllm_server, tmp_path):
+    failing = tmp_path / "crash.py"
+    failing.write_text("import sys\nprint('partial')\nsys.exit(3)\n")
+    server = InterceptionServer()
+    try:
+        with pytest.raises(RuntimeError, match="exited with code 3"):
+            script_harness([sys.executable, str(failing)], server)({}, Interceptor(vllm_server.control, SamplingParams()))
+    finally:
+        server.shutdown()
