@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from rollwire.bus import DeadLetters, EventConsumer, EventLog, EventProducer
 from rollwire.consumers.vllm_control import VllmControl, VllmError
 from rollwire.producers.assembly import assemble
-from rollwire.producers.harnesses import Harness, completion_harness
+from rollwire.producers.harnesses import HARNESSES, Harness
 from rollwire.producers.interception import Interceptor
 from rollwire.producers.tasksets import RolloutView, Taskset
 from rollwire.schemas.base import now_ms
@@ -58,7 +58,7 @@ class EnvWorkerSettings(BaseModel):
 
 class EnvWorker:
     def __init__(self, log: EventLog, topics: Topics, control: VllmControl, tasksets: dict[str, Taskset],
-                 settings: EnvWorkerSettings | None = None, *, harness: Harness = completion_harness,
+                 settings: EnvWorkerSettings | None = None, *, harness: Harness | None = None,
                  model: str | None = None) -> None:
         self.settings = settings or EnvWorkerSettings()
         self.topics, self.control, self.tasksets, self.harness, self.model = topics, control, tasksets, harness, model
@@ -100,8 +100,9 @@ class EnvWorker:
     def _rollout(self, task: TaskAssigned, taskset: Taskset, index: int) -> tuple[RolloutCompleted, TraceRecorded]:
         interceptor = Interceptor(self.control, task.sampling, model=self.model)
         started = time.perf_counter()
+        harness = self.harness or HARNESSES[taskset.harness]
         try:
-            answer = self.harness(task.task, interceptor)
+            answer = harness(task.task, interceptor)
         except Exception as exc:  # harness code is user code: report it on the rollout
             kind = "inference" if isinstance(exc, VllmError) else "harness_crash"
             return self._errored(task, index, kind, f"{type(exc).__name__}: {exc}")

@@ -78,6 +78,10 @@ def chat_harness(row: dict, interceptor: Interceptor, *, max_turns: int = 4) -> 
     return reply
 
 
+HARNESSES: dict[str, Harness] = {"completion": completion_harness, "chat": chat_harness}
+"""Harnesses a taskset can name (`Taskset.harness`); `script_harness` is configured per worker."""
+
+
 def script_harness(command: list[str], server: InterceptionServer, *, timeout_s: float = 120.0) -> Harness:
     """A harness that runs `command` as an unmodified agent against the rollout's endpoint."""
     def run(row: dict, interceptor: Interceptor) -> str:

@@ -71,6 +71,8 @@ class Taskset(ABC):
     """Task rows and how to judge rollouts on them."""
 
     name: ClassVar[str]
+    harness: ClassVar[str] = "completion"
+    """How the model works on it: `completion` (rows have `prompt`) or `chat` (rows have `messages`)."""
     group_rewards: ClassVar[list[dict[str, Any]]] = []
     """Group rewards the scorer applies to this taskset's groups, e.g. `[{"name": "shortest_correct"}]`."""
 

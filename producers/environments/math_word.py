@@ -33,6 +33,7 @@ def parse_number(text: str) -> float | None:
 @register_taskset
 class MathWord(Taskset):
     name = "math-word"
+    harness = "chat"
 
     def __init__(self, *, path: str | Path) -> None:
         self.path = Path(path)

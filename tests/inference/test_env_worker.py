@@ -72,3 +72,31 @@ def test_rollouts_carry_the_sampled_ids_their_rewards_and_errors(vllm_server, ti
         assert r.metrics["completion_tokens"] == len(r.completion_token_ids)
     [letter] = [e for e in read(log, topics.deadletter) if isinstance(e, DeadLetter)]
     assert "no environment 'chess'" in letter.error
+
+
+def test_a_chat_taskset_runs_through_the_chat_harness_and_records_its_trace(vllm_server, tiny_models, version_base,
+                                                                            tmp_path):
+    vllm_server.control.swap_full_weights(str(tiny_models.base), str(version_base))
+    topics = Topics("chat")
+    log = open_log(EmbeddedBusSettings(path=tmp_path / "log"))
+    log.create_topics(catalog_topics(topics))
+    taskset = load_taskset("calculator", seed=2, count=1)
+    row = next(taskset.rows())
+    dispatcher = EventProducer(log.producer(), topics, name="dispatcher")
+    dispatcher.send(topics.tasks, TaskAssigned(task_id=row["task_id"], environment="calculator", algorithm="grpo",
+                                               group_size=2, task=row, policy_version=0,
+                                               sampling=SamplingParams(max_tokens=16)), key="g")
+    dispatcher.close()
+    worker = EnvWorker(log, topics, vllm_server.control, {"calculator": taskset})
+    published = sum(worker.step(timeout_s=1) for _ in range(10))
+    worker.close()
+
+    rollouts, traces = read(log, topics.rollouts), read(log, topics.traces)
+    assert published == 2 and all(r.error is None for r in rollouts)
+    rendered = vllm_server.control._request("POST", "/v1/chat/completions/render",
+                                            {"model": "policy", "messages": row["messages"],
+                                             "add_generation_prompt": True})["token_ids"]
+    assert all(r.prompt_token_ids == rendered for r in rollouts)
+    for trace in traces:
+        calls = [n for n in trace.nodes if n.kind == "llm_call"]
+        assert calls and calls[0].call.prompt_token_ids == rendered and all(n.branch == 0 for n in calls)

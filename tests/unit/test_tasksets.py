@@ -38,7 +38,7 @@ def test_malformed_rows_name_the_line(tmp_path):
     path.write_text('{"question": "q", "answer": "#### 1"}\n{"question": "q"}\n')
     with pytest.raises(ConfigError, match="bad.jsonl:2"):
         list(load_taskset("math-word", path=path).rows())
-    with pytest.raises(ConfigError, match="known: math-word, reverse-digits"):
+    with pytest.raises(ConfigError, match="known: calculator, math-word, reverse-digits"):
         load_taskset("chess")
 
 
@@ -60,3 +60,12 @@ class Fragile(Taskset):
 def test_a_reward_function_that_raises_marks_the_rollout_errored_with_its_name():
     judgement = Fragile().judge(RolloutView(task={"task_id": "t"}, completion="x"))
     assert judgement.error.kind == "reward" and judgement.error.message.startswith("boom raised ZeroDivisionError")
+
+
+def test_the_calculator_taskset_checks_the_final_number_and_names_its_harness():
+    taskset = load_taskset("calculator", seed=1, count=3)
+    row = next(taskset.rows())
+    assert taskset.harness == "chat" and row["messages"][0]["role"] == "system"
+    right = taskset.judge(RolloutView(task=row, completion=f"It is {row['reference']:.0f}"))
+    wrong = taskset.judge(RolloutView(task=row, completion="CALL calculator(1+1)"))
+    assert right.rewards == {"correct": 1.0} and wrong.rewards == {"correct": 0.0}
