@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from rollwire.bus import DeadLetters, EventConsumer, EventLog, EventProducer
 from rollwire.consumers.vllm_control import VllmControl, VllmError
 from rollwire.producers.assembly import assemble
-from rollwire.producers.harnesses import HARNESSES, Harness
+from rollwire.producers.harnesses import HARNESSES, Harness, HarnessTimeout
 from rollwire.producers.interception import Interceptor
 from rollwire.producers.tasksets import RolloutView, Taskset
 from rollwire.schemas.base import now_ms
@@ -104,7 +104,8 @@ class EnvWorker:
         try:
             answer = harness(task.task, interceptor)
         except Exception as exc:  # harness code is user code: report it on the rollout
-            kind = "inference" if isinstance(exc, VllmError) else "harness_crash"
+            kind = ("inference" if isinstance(exc, VllmError) else
+                    "timeout" if isinstance(exc, HarnessTimeout) else "harness_crash")
             return self._errored(task, index, kind, f"{type(exc).__name__}: {exc}")
         ran = time.perf_counter() - started
         record = assemble(interceptor.calls)

@@ -34,6 +34,10 @@ class HarnessError(RuntimeError):
     """The harness could not finish the rollout; the message says why."""
 
 
+class HarnessTimeout(HarnessError):
+    """The harness ran past its time limit."""
+
+
 def completion_harness(row: dict, interceptor: Interceptor) -> str:
     return interceptor.complete(row["prompt"])
 
@@ -92,7 +96,7 @@ def script_harness(command: list[str], server: InterceptionServer, *, timeout_s:
             try:
                 done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s)
             except subprocess.TimeoutExpired as exc:
-                raise HarnessError(f"the agent ran past {timeout_s:g} s") from exc
+                raise HarnessTimeout(f"the agent ran past {timeout_s:g} s and was killed") from exc
             if done.returncode != 0:
                 raise HarnessError(f"the agent exited with code {done.returncode}: {done.stderr[-500:]}")
             lines = done.stdout.strip().splitlines()
