@@ -10,15 +10,16 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 
-from rollwire.producers.environments.math_word import parse_number
-from rollwire.producers.tasksets import RolloutView, Taskset, metric, register_taskset, reward
+from rollwire.producers.environments.math_word import NumericAnswer
+from rollwire.producers.harnesses import calculator
+from rollwire.producers.tasksets import register_taskset
 
 SYSTEM = ("You can use a calculator. To compute something, write CALL calculator(expression) and wait "
           "for the result. When you know the answer, reply with the number only.")
 
 
 @register_taskset
-class Calculator(Taskset):
+class Calculator(NumericAnswer):
     name = "calculator"
     harness = "chat"
 
@@ -31,15 +32,6 @@ class Calculator(Taskset):
             a, b = rng.randint(2, self.max_operand), rng.randint(2, self.max_operand)
             op = rng.choice("+-*")
             expression = f"{a} {op} {b}"
-            yield {"task_id": f"calc-{self.seed}-{i}", "reference": float(eval(expression, {"__builtins__": {}})),  # noqa: S307 - digits and one operator, built here
+            yield {"task_id": f"calc-{self.seed}-{i}", "reference": float(calculator(expression)),
                    "messages": [{"role": "system", "content": SYSTEM},
                                 {"role": "user", "content": f"What is {expression}?"}]}
-
-    @reward("correct")
-    def correct(self, r: RolloutView) -> float:
-        answer = parse_number(r.completion)
-        return float(answer is not None and abs(answer - r.task["reference"]) < 1e-6)
-
-    @metric("answered")
-    def answered(self, r: RolloutView) -> float:
-        return float(parse_number(r.completion) is not None)

@@ -30,8 +30,21 @@ def parse_number(text: str) -> float | None:
         return None
 
 
+class NumericAnswer(Taskset):
+    """Rewards for tasksets whose rows hold a numeric `reference`: the answer's number must equal it."""
+
+    @reward("correct")
+    def correct(self, r: RolloutView) -> float:
+        answer = parse_number(r.completion)
+        return float(answer is not None and abs(answer - r.task["reference"]) < 1e-6)
+
+    @metric("answered")
+    def answered(self, r: RolloutView) -> float:
+        return float(parse_number(r.completion) is not None)
+
+
 @register_taskset
-class MathWord(Taskset):
+class MathWord(NumericAnswer):
     name = "math-word"
     harness = "chat"
 
@@ -54,12 +67,3 @@ class MathWord(Taskset):
                     raise ConfigError(f"{self.path}:{n} has no number after '####' in its answer")
                 yield {"task_id": f"{self.path.stem}-{n}", "question": row["question"], "reference": reference,
                        "messages": [{"role": "user", "content": row["question"]}]}
-
-    @reward("correct")
-    def correct(self, r: RolloutView) -> float:
-        answer = parse_number(r.completion)
-        return float(answer is not None and abs(answer - r.task["reference"]) < 1e-6)
-
-    @metric("answered")
-    def answered(self, r: RolloutView) -> float:
-        return float(parse_number(r.completion) is not None)

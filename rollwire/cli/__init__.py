@@ -1,0 +1,66 @@
+"""The `rollwire` command. Entry points stay thin: parse arguments, configure logging, then import
+what the subcommand needs (so `rollwire --help` never loads Kafka, torch or vLLM).
+
+    options.py    the event-log and object-store options several commands share
+    logs.py       topics, tail
+    services.py   score, inference, train
+    evaluate.py   eval
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from rollwire.cli import evaluate, logs, services
+
+DESCRIPTION = """\
+rollwire: asynchronous RL post-training for LLMs, as an event-sourced streaming system.
+
+Every fact of a run (a task, a rollout, a score, a trainer step, a weight version) is an event
+on a log: the embedded log in a local directory by default, or Kafka with --bus kafka.
+"""
+
+EPILOG = """\
+examples:
+  rollwire topics                              the topic catalog: events, keys, who writes and reads
+  rollwire topics --create --bus kafka --bootstrap 127.0.0.1:9092
+  rollwire tail rollouts --log-dir runs/demo/log --since 10m
+  rollwire tail deadletter --bus kafka --from-beginning --limit 20
+  rollwire score --bus kafka --config scorer.toml   a faust worker of the group scorer
+  rollwire inference --model runs/demo/base --port 8000   a vLLM replica following the weights topic
+
+Run `rollwire COMMAND --help` for the options of each command.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rollwire", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for add in (logs.add_topics, logs.add_tail, services.add_score, services.add_inference, services.add_train,
+                evaluate.add_evaluate):
+        add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from rollwire.errors import RollwireError
+    try:
+        return args.run(args)
+    except RollwireError as exc:
+        print(f"rollwire {args.command}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

