@@ -3,6 +3,7 @@ what the subcommand needs (so `rollwire --help` never loads Kafka, torch or vLLM
 
     options.py    the event-log and object-store options several commands share
     logs.py       topics, tail
+    producers.py  dispatch, env-worker
     services.py   score, inference, train
     evaluate.py   eval
 """
@@ -13,7 +14,7 @@ import argparse
 import logging
 import sys
 
-from rollwire.cli import evaluate, logs, services
+from rollwire.cli import evaluate, logs, producers, services
 
 DESCRIPTION = """\
 rollwire: asynchronous RL post-training for LLMs, as an event-sourced streaming system.
@@ -40,8 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for add in (logs.add_topics, logs.add_tail, services.add_score, services.add_inference, services.add_train,
-                evaluate.add_evaluate):
+    for add in (logs.add_topics, logs.add_tail, producers.add_dispatch, producers.add_env_worker,
+                services.add_score, services.add_inference, services.add_train, evaluate.add_evaluate):
         add(sub)
     return parser
 

@@ -100,3 +100,34 @@ def test_a_chat_taskset_runs_through_the_chat_harness_and_records_its_trace(vllm
     for trace in traces:
         calls = [n for n in trace.nodes if n.kind == "llm_call"]
         assert calls and calls[0].call.prompt_token_ids == rendered and all(n.branch == 0 for n in calls)
+
+
+def test_the_env_worker_command_runs_an_agent_program_for_every_rollout(vllm_server, tiny_models, version_base,
+                                                                        tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    vllm_server.control.swap_full_weights(str(tiny_models.base), str(version_base))
+    log_dir = tmp_path / "log"
+    topics = Topics("cli")
+    log = open_log(EmbeddedBusSettings(path=log_dir))
+    log.create_topics(catalog_topics(topics))
+    row = {"task_id": "q1", "question": "what is 6*7?", "reference": 42.0,
+           "messages": [{"role": "user", "content": "what is 6*7?"}]}
+    producer = EventProducer(log.producer(), topics, name="dispatcher")
+    producer.send(topics.tasks, TaskAssigned(task_id="q1", environment="calculator", algorithm="grpo", group_size=2,
+                                             task=row, policy_version=0, sampling=SamplingParams(max_tokens=8)),
+                  key="g")
+    producer.close()
+    agent = Path(__file__).resolve().parent.parent / "data" / "agent.py"
+    result = subprocess.run([sys.executable, "-m", "rollwire.cli", "env-worker", "--base-url", vllm_server.base_url,
+                             "--env", "calculator", "--agent-command", f"{sys.executable} {agent}",
+                             "--exit-when-idle", "3", "--log-dir", str(log_dir), "--prefix", "cli"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"rollouts_published": 2}
+    rollouts = read(log, topics.rollouts)
+    assert [r.error for r in rollouts] == [None, None]
+    assert all(0 in r.loss_mask and r.loss_mask[0] == 1 for r in rollouts)  # two sampled turns, tool tokens masked

@@ -21,7 +21,7 @@ def rollwire(*args: str) -> subprocess.CompletedProcess:
 def test_help_lists_every_command_with_examples():
     result = rollwire("--help")
     assert result.returncode == 0
-    for command in ("topics", "tail", "score", "inference", "train"):
+    for command in ("topics", "tail", "dispatch", "env-worker", "score", "inference", "train", "eval"):
         assert command in result.stdout
     assert "examples:" in result.stdout
 
@@ -62,3 +62,19 @@ def test_topic_creation_is_idempotent_and_keeps_existing_topics(tmp_path):
     log.create_topics(catalog_topics(topics))
     log.create_topics(catalog_topics(topics))
     assert log.partitions(topics.rollouts) == 4
+
+
+def test_dispatch_issues_groups_within_the_budget_and_stops_when_asked(tmp_path):
+    log_dir = tmp_path / "log"
+    result = rollwire("dispatch", "--env", "reverse-digits", "--option", "reverse-digits.seed=4", "--group-size", "4",
+                      "--batch-rollouts", "8", "--max-off-policy", "0", "--max-groups", "2", "--log-dir", str(log_dir))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"groups_issued": 2}
+    log = EmbeddedLog(log_dir)
+    with log.reader([Topics("rollwire").tasks]) as reader:
+        tasks = []
+        while batch := reader.poll_batch(100, 0.3):
+            tasks += batch
+    assert len(tasks) == 2
+    bad = rollwire("dispatch", "--env", "reverse-digits", "--option", "seed=4", "--log-dir", str(log_dir))
+    assert bad.returncode != 0 and "ENV.KEY=VALUE" in bad.stderr
