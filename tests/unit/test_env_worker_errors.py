@@ -27,8 +27,11 @@ def run(tmp_path, task_rows, **worker_args):
                        {"reverse-digits": load_taskset("reverse-digits", count=1)}, **worker_args)
     published = sum(worker.step(timeout_s=0.5) for _ in range(4))
     worker.close()
+    rollouts = []
     with log.reader([topics.rollouts]) as reader:
-        return published, [Codec().decode(r.value).event for r in reader.poll_batch(100, 0.5)]
+        while batch := reader.poll_batch(100, 0.5):  # one partition per fetch: read until empty
+            rollouts += [Codec().decode(r.value).event for r in batch]
+    return published, rollouts
 
 
 def test_an_unreachable_fleet_and_a_malformed_row_are_errored_rollouts(tmp_path):
