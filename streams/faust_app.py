@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import faust
@@ -55,6 +56,8 @@ class FaustScorerSettings(BaseModel):
     """Seconds between offset commits (each preceded by a producer flush)."""
     session_timeout_s: float = Field(default=10.0, gt=0)
     """Seconds without heartbeats before Kafka moves a dead worker's partitions to the others."""
+    data_dir: Path = Path("runs/default/faust")
+    """Where faust keeps its local files (one folder per app id)."""
     replication_factor: int = Field(default=1, ge=1)
     """Replicas of the topics faust creates for itself (its leader-election topic); use 3 on a
     production cluster. Catalog topics are created beforehand and keep their own settings."""
@@ -77,9 +80,11 @@ def build_app(settings: FaustScorerSettings, scorer_settings: ScorerSettings, *,
     topics = Topics(settings.topic_prefix)
     scorer = GroupScorer(scorer_settings, teacher=teacher)
     codec = Codec()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)  # faust creates only the last level
     app = faust.App(
         settings.app_id,
         broker=[f"kafka://{s.strip()}" for s in settings.bootstrap_servers.split(",")],
+        datadir=str(settings.data_dir / settings.app_id),
         store="memory://",
         autodiscover=False,
         web_enabled=False,
