@@ -22,21 +22,31 @@ def read(log, topic):
         return out
 
 
+def fresh_log(path, prefix: str):
+    """An embedded log at `path` with the catalog topics of `prefix`."""
+    topics = Topics(prefix)
+    log = open_log(EmbeddedBusSettings(path=path))
+    log.create_topics(catalog_topics(topics))
+    return log, topics
+
+
+def send_tasks(log, topics, environment: str, rows, *, group_size: int, max_tokens: int) -> None:
+    """One task per row, as the dispatcher would send it."""
+    producer = EventProducer(log.producer(), topics, name="dispatcher")
+    for row in rows:
+        producer.send(topics.tasks, TaskAssigned(task_id=row["task_id"], environment=environment, algorithm="grpo",
+                                                 group_size=group_size, task=row, policy_version=0,
+                                                 sampling=SamplingParams(max_tokens=max_tokens)), key=row["task_id"])
+    producer.close()
+
+
 def test_rollouts_carry_the_sampled_ids_their_rewards_and_errors(vllm_server, tiny_models, version_base, tmp_path):
     vllm_server.control.swap_full_weights(str(tiny_models.base), str(version_base))
-    topics = Topics("env")
-    log = open_log(EmbeddedBusSettings(path=tmp_path / "log"))
-    log.create_topics(catalog_topics(topics))
+    log, topics = fresh_log(tmp_path / "log", "env")
     taskset = load_taskset("reverse-digits", seed=7, count=3)
     rows = list(taskset.rows())
-    dispatcher = EventProducer(log.producer(), topics, name="dispatcher")
-    for row in rows:
-        dispatcher.send(topics.tasks, TaskAssigned(task_id=row["task_id"], environment="reverse-digits",
-                                                   algorithm="grpo", group_size=3, task=row, policy_version=0,
-                                                   sampling=SamplingParams(max_tokens=8)), key=row["task_id"])
-    dispatcher.send(topics.tasks, TaskAssigned(task_id="x", environment="chess", algorithm="grpo", group_size=2,
-                                               policy_version=0), key="x")
-    dispatcher.close()
+    send_tasks(log, topics, "reverse-digits", rows, group_size=3, max_tokens=8)
+    send_tasks(log, topics, "chess", [{"task_id": "x"}], group_size=2, max_tokens=8)
 
     def harness(row, interceptor):
         if row["task_id"].endswith("-1"):
@@ -77,16 +87,10 @@ def test_rollouts_carry_the_sampled_ids_their_rewards_and_errors(vllm_server, ti
 def test_a_chat_taskset_runs_through_the_chat_harness_and_records_its_trace(vllm_server, tiny_models, version_base,
                                                                             tmp_path):
     vllm_server.control.swap_full_weights(str(tiny_models.base), str(version_base))
-    topics = Topics("chat")
-    log = open_log(EmbeddedBusSettings(path=tmp_path / "log"))
-    log.create_topics(catalog_topics(topics))
+    log, topics = fresh_log(tmp_path / "log", "chat")
     taskset = load_taskset("calculator", seed=2, count=1)
     row = next(taskset.rows())
-    dispatcher = EventProducer(log.producer(), topics, name="dispatcher")
-    dispatcher.send(topics.tasks, TaskAssigned(task_id=row["task_id"], environment="calculator", algorithm="grpo",
-                                               group_size=2, task=row, policy_version=0,
-                                               sampling=SamplingParams(max_tokens=16)), key="g")
-    dispatcher.close()
+    send_tasks(log, topics, "calculator", [row], group_size=2, max_tokens=16)
     worker = EnvWorker(log, topics, vllm_server.control, {"calculator": taskset})
     published = sum(worker.step(timeout_s=1) for _ in range(10))
     worker.close()
@@ -111,16 +115,10 @@ def test_the_env_worker_command_runs_an_agent_program_for_every_rollout(vllm_ser
 
     vllm_server.control.swap_full_weights(str(tiny_models.base), str(version_base))
     log_dir = tmp_path / "log"
-    topics = Topics("cli")
-    log = open_log(EmbeddedBusSettings(path=log_dir))
-    log.create_topics(catalog_topics(topics))
+    log, topics = fresh_log(log_dir, "cli")
     row = {"task_id": "q1", "question": "what is 6*7?", "reference": 42.0,
            "messages": [{"role": "user", "content": "what is 6*7?"}]}
-    producer = EventProducer(log.producer(), topics, name="dispatcher")
-    producer.send(topics.tasks, TaskAssigned(task_id="q1", environment="calculator", algorithm="grpo", group_size=2,
-                                             task=row, policy_version=0, sampling=SamplingParams(max_tokens=8)),
-                  key="g")
-    producer.close()
+    send_tasks(log, topics, "calculator", [row], group_size=2, max_tokens=8)
     agent = Path(__file__).resolve().parent.parent / "data" / "agent.py"
     result = subprocess.run([sys.executable, "-m", "rollwire.cli", "env-worker", "--base-url", vllm_server.base_url,
                              "--env", "calculator", "--agent-command", f"{sys.executable} {agent}",
