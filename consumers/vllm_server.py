@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rollwire.consumers.vllm_control import VllmControl
 from rollwire.errors import RollwireError
+from rollwire.processes import die_with_parent
 
 
 class VllmServerError(RollwireError):
@@ -45,8 +46,8 @@ class VllmServerSettings(BaseModel):
     """Weights dtype (`auto`, `float32`, `bfloat16`)."""
     max_model_len: int = Field(default=2048, ge=16)
     """Longest prompt plus completion, in tokens."""
-    kv_cache_gib: float = Field(default=1.0, gt=0)
-    """KV-cache size on CPU (`VLLM_CPU_KVCACHE_SPACE`); ignored on GPU."""
+    kv_cache_gib: int = Field(default=1, ge=1)
+    """KV-cache size on CPU in whole GiB (`VLLM_CPU_KVCACHE_SPACE` takes an integer); ignored on GPU."""
     enforce_eager: bool = True
     """Skip graph capture and compilation: faster start, slower decode."""
     enable_lora: bool = False
@@ -107,12 +108,12 @@ class VllmServer:
 
     def start(self) -> None:
         """Starts the server and returns once `/health` answers."""
-        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": f"{self.settings.kv_cache_gib:g}"}
+        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": str(self.settings.kv_cache_gib)}
         if self.settings.enable_lora:
             env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
         out = open(self.settings.log_path, "ab") if self.settings.log_path else subprocess.DEVNULL
         self.process = subprocess.Popen(self.command(), env=env, stdout=out, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
+                                        start_new_session=True, preexec_fn=die_with_parent)
         deadline = time.monotonic() + self.settings.startup_timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

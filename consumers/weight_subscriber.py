@@ -26,6 +26,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rollwire import telemetry
 from rollwire.bus import AtOffsets, EventLog, EventProducer
 from rollwire.checkpoints import CheckpointError, check_compatible, describe, fetch
 from rollwire.consumers.vllm_control import VllmControl, VllmError
@@ -106,7 +107,8 @@ class WeightSubscriber:
                 statuses.append(self._report("failed", None, reason=f"weights event at offset {record.offset} "
                                                                      f"does not decode: {exc}"))
                 continue
-            status = self.apply(event)
+            with telemetry.process_span(record.topic, record.partition, record.offset, record.headers):
+                status = self.apply(event)
             if status is not None:
                 statuses.append(status)
         self._unload_retired()
@@ -140,7 +142,11 @@ class WeightSubscriber:
         download_s = time.perf_counter() - started
         # Step 4
         try:
-            swap_s = self._swap(event, target)
+            with telemetry.tracer().start_as_current_span(
+                    "reload weights", attributes={"rollwire.replica_id": self.settings.replica_id,
+                                                  "rollwire.weight_version": event.version,
+                                                  "rollwire.weight_format": event.format}):
+                swap_s = self._swap(event, target)
         except VllmError as exc:
             return self._report("failed", event, reason=f"the engine refused the swap: {exc}")
         previous = self.serving

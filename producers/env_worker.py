@@ -20,8 +20,10 @@ import concurrent.futures
 import logging
 import time
 
+from opentelemetry.trace import Status, StatusCode
 from pydantic import BaseModel, ConfigDict, Field
 
+from rollwire import telemetry
 from rollwire.bus import DeadLetters, EventConsumer, EventLog, EventProducer
 from rollwire.consumers.vllm_control import VllmControl, VllmError
 from rollwire.producers.assembly import assemble
@@ -52,6 +54,8 @@ class EnvWorkerSettings(BaseModel):
     """Rollouts in flight at once in this worker."""
     rollout_timeout_s: float = Field(default=120.0, gt=0)
     """A rollout still running after this long is published errored (`timeout`)."""
+    tasks_per_poll: int = Field(default=4, ge=1)
+    """Tasks taken from the log at once; their groups' rollouts share the `concurrency` slots."""
     name: str = "env-worker"
     """Producer name in event envelopes."""
 
@@ -68,30 +72,58 @@ class EnvWorker:
         self.pool = concurrent.futures.ThreadPoolExecutor(self.settings.concurrency, thread_name_prefix="rollout")
 
     def step(self, timeout_s: float = 1.0) -> int:
-        """Runs the groups of the tasks that arrive within `timeout_s`; returns rollouts published."""
+        """Runs the groups of the tasks that arrive within `timeout_s`; returns rollouts published.
+
+        The rollouts of every group polled together run at once (at most `concurrency` at a time),
+        so a slow rollout in one group does not hold up the others'."""
         published = 0
-        for delivery in self.consumer.poll_batch(4, timeout_s):
+        started = []
+        for delivery in self.consumer.poll_batch(self.settings.tasks_per_poll, timeout_s):
             task: TaskAssigned = delivery.event
             taskset = self.tasksets.get(task.environment)
             if taskset is None:
                 self.consumer.dead_letter(delivery, f"no environment {task.environment!r} in this worker "
                                                     f"(it runs {', '.join(sorted(self.tasksets))})")
                 continue
+            started.append((delivery, self._start_group(task, taskset, delivery.record.headers)))
+        for delivery, futures in started:
+            task = delivery.event
             with self.consumer.process_span(delivery):
-                for rollout, trace in self.run_group(task, taskset):
-                    self.producer.send(self.topics.rollouts, rollout, key=task.group_id)
-                    self.producer.send(self.topics.traces, trace, key=task.group_id)
+                for rollout, trace in self._finish_group(task, futures):
+                    with telemetry.continued(rollout.traceparent):  # sends are children of the rollout span
+                        self.producer.send(self.topics.rollouts, rollout, key=task.group_id)
+                        self.producer.send(self.topics.traces, trace, key=task.group_id)
                     published += 1
         self.producer.flush()
         self.consumer.commit()
         return published
 
     def run_group(self, task: TaskAssigned, taskset: Taskset) -> list[tuple[RolloutCompleted, TraceRecorded]]:
-        futures = [self.pool.submit(self._rollout, task, taskset, i) for i in range(task.group_size)]
+        return self._finish_group(task, self._start_group(task, taskset, ()))
+
+    def _start_group(self, task: TaskAssigned, taskset: Taskset, headers) -> list[concurrent.futures.Future]:
+        """Each rollout's span is a child of the task's send span (the context in `headers`)."""
+        parent = telemetry.context_from_headers(headers)
+        return [self.pool.submit(self._traced_rollout, parent, task, taskset, i) for i in range(task.group_size)]
+
+    def _traced_rollout(self, parent, task: TaskAssigned, taskset: Taskset, index: int
+                        ) -> tuple[RolloutCompleted, TraceRecorded]:
+        attributes = {"rollwire.group_id": task.group_id, "rollwire.environment": task.environment,
+                      "rollwire.sample_index": index}
+        with telemetry.tracer().start_as_current_span("rollout", context=parent, attributes=attributes) as span:
+            rollout, trace = self._rollout(task, taskset, index)
+            span.set_attribute("rollwire.rollout_id", rollout.rollout_id)
+            if rollout.error is not None:
+                span.set_status(Status(StatusCode.ERROR, f"{rollout.error.kind}: {rollout.error.message}"))
+            return rollout.model_copy(update={"traceparent": telemetry.current_traceparent()}), trace
+
+    def _finish_group(self, task: TaskAssigned, futures: list[concurrent.futures.Future]
+                      ) -> list[tuple[RolloutCompleted, TraceRecorded]]:
+        deadline = time.monotonic() + self.settings.rollout_timeout_s
         results = []
         for i, future in enumerate(futures):
             try:
-                results.append(future.result(timeout=self.settings.rollout_timeout_s))
+                results.append(future.result(timeout=max(0.0, deadline - time.monotonic())))
             except concurrent.futures.TimeoutError:
                 results.append(self._errored(task, i, "timeout",
                                              f"the harness ran past rollout_timeout_s = {self.settings.rollout_timeout_s:g}"))

@@ -15,6 +15,9 @@ from __future__ import annotations
 import threading
 import time
 
+from opentelemetry.trace import SpanKind
+
+from rollwire import telemetry
 from rollwire.consumers.vllm_control import VllmControl
 from rollwire.schemas.rollout import InferenceCall, SamplingParams, WeightVersionSpan
 
@@ -48,10 +51,17 @@ class Interceptor:
     def complete_ids(self, prompt_ids: list[int], *, stop_token_ids: list[int] | None = None) -> str:
         """Samples a continuation of `prompt_ids`; records the call; returns the decoded text."""
         started = time.perf_counter()
-        answer = self.control.generate(prompt_ids, max_tokens=self.sampling.max_tokens,
-                                       temperature=self.sampling.temperature, model=self.model,
-                                       stop_token_ids=stop_token_ids)
-        choice = answer["choices"][0]
+        with telemetry.tracer().start_as_current_span("inference generate", kind=SpanKind.CLIENT) as span:
+            answer = self.control.generate(prompt_ids, max_tokens=self.sampling.max_tokens,
+                                           temperature=self.sampling.temperature, model=self.model,
+                                           stop_token_ids=stop_token_ids)
+            choice = answer["choices"][0]
+            versions = [s["version"] for s in choice.get("weight_versions") or []]
+            span.set_attributes({"gen_ai.request.model": self.model or "policy",
+                                 "gen_ai.request.temperature": self.sampling.temperature,
+                                 "gen_ai.usage.input_tokens": len(prompt_ids),
+                                 "gen_ai.usage.output_tokens": len(choice["token_ids"]),
+                                 "rollwire.weight_versions": ",".join(map(str, versions))})
         completion = choice["token_ids"]
         call = InferenceCall(
             prompt_token_ids=list(prompt_ids), completion_token_ids=completion,

@@ -18,6 +18,7 @@ Group rewards (functions of the whole group) are named here and applied by the s
 from __future__ import annotations
 
 import math
+import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -79,6 +80,11 @@ class Taskset(ABC):
     @abstractmethod
     def rows(self) -> Iterator[dict[str, Any]]:
         """Task rows, each with a stable `task_id`."""
+
+    def demonstration(self, row: dict[str, Any], rng: random.Random) -> str:
+        """A scripted teacher's completion for `row` (for supervised warm starts); optional."""
+        raise ConfigError(f"taskset {self.name!r} has no scripted teacher (a `demonstration` method); "
+                          "it cannot be used for a warm start")
 
     def reward_functions(self) -> dict[str, tuple[Callable[[RolloutView], float], float]]:
         return {fn.__rollwire_reward__[0]: (fn, fn.__rollwire_reward__[1])

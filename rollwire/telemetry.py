@@ -4,7 +4,16 @@ Messaging spans follow the OpenTelemetry conventions: `send <topic>` (PRODUCER) 
 produce, `process <topic>` (CONSUMER) around handling one record, with `messaging.*` attributes.
 The W3C `traceparent` of the producing span travels in the record's headers; a consumer's
 process span is its child. A batch (a trainer step) gets one span linked to every record's
-context (`links_for`).
+context (`links_for`). A rollout's own context also travels inside its event (`traceparent`),
+because the scorer emits its score later, from stored group state (`continued`).
+
+One rollout's spans, across processes:
+
+    env worker   rollout ─┬─ inference generate (each call)
+                          └─ send rollouts
+    scorer       process rollouts;  score rollout (child of the rollout) ─ send scored
+    trainer      trainer step (linked to each scored record) ─ publish weights ─ send weights
+    replica      process weights ─ reload weights
 """
 
 from __future__ import annotations
@@ -153,6 +162,24 @@ def process_span(topic: str, partition: int, offset: int, headers: Sequence[tupl
     with tracer().start_as_current_span(f"process {topic}", context=context_from_headers(headers),
                                         kind=SpanKind.CONSUMER, attributes=attrs) as span:
         yield span
+
+
+def context_from_traceparent(traceparent: str | None) -> otel_context.Context:
+    """The context a stored W3C traceparent names (empty context for None)."""
+    return _propagator.extract({"traceparent": traceparent} if traceparent else {})
+
+
+@contextmanager
+def continued(traceparent: str | None) -> Iterator[None]:
+    """Makes the span a stored traceparent names the current parent (no new span); no-op for None."""
+    if traceparent is None:
+        yield
+        return
+    token = otel_context.attach(context_from_traceparent(traceparent))
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
 
 
 def links_for(headers_list: Sequence[Sequence[tuple[str, bytes]]]) -> list[Link]:

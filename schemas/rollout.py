@@ -137,6 +137,9 @@ class RolloutCompleted(Event):
     """Why the rollout failed; None for a usable rollout."""
     trace: BlobPointer | None = None
     """Where the full trace is stored when it was too large for `TraceRecorded`; None otherwise."""
+    traceparent: str | None = None
+    """W3C trace context of the rollout's span, so that scoring (which may happen long after, in
+    another process, from stored group state) continues the rollout's trace; None when untraced."""
 
     @property
     def min_version(self) -> int | None:

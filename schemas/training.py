@@ -54,6 +54,10 @@ class TrainStepCompleted(Event):
     """Version lag of the batch; None for an empty batch."""
     drops: dict[str, int] = Field(default_factory=dict)
     """Rollouts dropped since the previous step, by reason."""
+    rewards_mean: dict[str, float] = Field(default_factory=dict)
+    """Mean of each named reward (the environment's and the group rewards) over the step's rollouts."""
+    metrics_mean: dict[str, float] = Field(default_factory=dict)
+    """Mean of each environment metric (e.g. `completion_tokens`) over the step's rollouts."""
     skipped_reason: str | None = None
     """Why the optimizer did not step (e.g. a NaN loss); None when it stepped."""
     completed_at_ms: int = Field(default_factory=now_ms)

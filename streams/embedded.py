@@ -29,7 +29,7 @@ from rollwire.bus.partitioner import partition_for
 from rollwire.schemas.envelope import Codec
 from rollwire.schemas.scorer import ScorerGroupState
 from rollwire.schemas.topics import Topics
-from rollwire.streams.scoring import GroupScorer, Step, route
+from rollwire.streams.scoring import GroupScorer, Step, route, scoring_span
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +91,8 @@ class EmbeddedScorer:
         if result.duplicate:
             self.stats["duplicates"] += 1
         for event in result.events:
-            self.producer.send(self.topics.name(route(event)), event, key=group_id)
+            with scoring_span(event):
+                self.producer.send(self.topics.name(route(event)), event, key=group_id)
             self.stats[event.type] += 1
         if not result.changed:
             return

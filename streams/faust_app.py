@@ -34,7 +34,7 @@ from rollwire.schemas.errors import SchemaError
 from rollwire.schemas.rollout import RolloutCompleted
 from rollwire.schemas.scorer import ScorerTick
 from rollwire.schemas.topics import Topics
-from rollwire.streams.scoring import GroupScorer, ScorerSettings, Step, route
+from rollwire.streams.scoring import GroupScorer, ScorerSettings, Step, route, scoring_span
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +114,8 @@ def build_app(settings: FaustScorerSettings, scorer_settings: ScorerSettings, *,
 
     async def apply(group_id: str, step: Step) -> None:
         for event in step.events:
-            await send(route(event), event, group_id)
+            with scoring_span(event):
+                await send(route(event), event, group_id)
         if step.changed:
             if step.state is None:
                 groups.pop(group_id.encode(), None)

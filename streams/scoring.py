@@ -14,11 +14,14 @@ and only persist states and send events.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from opentelemetry import trace
 from pydantic import BaseModel, ConfigDict, Field
 
+from rollwire import telemetry
 from rollwire.schemas.base import Event, now_ms
 from rollwire.schemas.rollout import RolloutCompleted, ScoredRollout
 from rollwire.schemas.scorer import ScorerGroupState
@@ -182,3 +185,20 @@ class GroupScorer:
         if self._teacher is None:
             raise RuntimeError(f"algorithm {rollout.algorithm!r} needs a teacher: set scorer.teacher")
         return self._teacher(rollout.prompt_token_ids, rollout.completion_token_ids)
+
+
+@contextmanager
+def scoring_span(event: Event) -> Iterator[None]:
+    """Around sending one output event. A `ScoredRollout` is sent inside a `score rollout` span that
+    continues its rollout's trace (the `traceparent` the env worker stored in the event) and links to
+    the span that closed the group, so each rollout's trace runs on through scoring to the trainer."""
+    if not isinstance(event, ScoredRollout):
+        yield
+        return
+    closing = trace.get_current_span().get_span_context()
+    parent = telemetry.context_from_traceparent(event.rollout.traceparent) if event.rollout.traceparent else None
+    with telemetry.tracer().start_as_current_span(
+            "score rollout", context=parent, links=[trace.Link(closing)] if closing.is_valid else [],
+            attributes={"rollwire.rollout_id": event.rollout.rollout_id, "rollwire.group_id": event.rollout.group_id,
+                        "rollwire.algorithm": event.algorithm, "rollwire.reward": event.reward}):
+        yield

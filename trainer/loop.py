@@ -75,6 +75,15 @@ class TrainerSettings(BaseModel):
     """Torch seed: the CPU path is deterministic for a given seed and batch order."""
 
 
+def _means(rows: list[dict[str, float]]) -> dict[str, float]:
+    """Per-name means over the rows that have the name."""
+    sums: dict[str, list[float]] = {}
+    for row in rows:
+        for name, value in row.items():
+            sums.setdefault(name, []).append(value)
+    return {name: sum(values) / len(values) for name, values in sums.items()}
+
+
 class Trainer:
     def __init__(self, log: EventLog, topics: Topics, store: ObjectStore, settings: TrainerSettings) -> None:
         torch.manual_seed(settings.seed)
@@ -132,7 +141,11 @@ class Trainer:
             # Step 3
             self.state.step += 1
             self.state.version += 1
-            weights = self._publish_weights() if self.state.version % self.settings.publish_every == 0 else None
+            weights = None
+            if self.state.version % self.settings.publish_every == 0:
+                with telemetry.tracer().start_as_current_span("publish weights",
+                                                              attributes={"rollwire.weight_version": self.state.version}):
+                    weights = self._publish_weights()
             # Step 4
             event = self._step_event(batch, result)
             self.state.outbox = [self._entry(self.topics.train, self.settings.policy, event)]
@@ -170,7 +183,8 @@ class Trainer:
             reward_mean=sum(s.reward for s in batch.rollouts) / len(batch.rollouts), num_tokens=result.num_tokens,
             tokens_per_s=result.num_tokens / max(result.seconds, 1e-9), grad_norm=result.grad_norm,
             staleness=batch.staleness, drops={k: len(v) for k, v in batch.drops.items()},
-            skipped_reason=result.skipped_reason)
+            rewards_mean=_means([{**s.rollout.rewards, **s.group_rewards} for s in batch.rollouts]),
+            metrics_mean=_means([s.rollout.metrics for s in batch.rollouts]), skipped_reason=result.skipped_reason)
 
     @staticmethod
     def _entry(topic: str, key: str, event) -> dict:

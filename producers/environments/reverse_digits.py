@@ -21,16 +21,24 @@ class ReverseDigits(Taskset):
     group_rewards = [{"name": "shortest_correct", "bonus": 0.2, "correct": "exact_match"}]
 
     def __init__(self, *, seed: int = 0, count: int = 100_000, min_digits: int = 3, max_digits: int = 6,
-                 bos: str = "<|bos|>") -> None:
+                 bos: str = "<|bos|>", teacher_noise: float = 0.3, teacher_filler: float = 0.5) -> None:
         self.seed, self.count, self.min_digits, self.max_digits = seed, count, min_digits, max_digits
         self.bos = bos
         """Text of the tokenizer's beginning-of-sequence token, written before each prompt."""
+        self.teacher_noise, self.teacher_filler = teacher_noise, teacher_filler
+        """The scripted teacher swaps each answer digit for a random one with probability `teacher_noise`
+        and appends 1-3 filler dots with probability `teacher_filler` (notes/learning.md: a clean
+        teacher leaves RL nothing to improve, and without filler a length bonus has nothing to choose)."""
 
     def rows(self) -> Iterator[dict]:
         rng = random.Random(self.seed)
         for i in range(self.count):
             digits = "".join(rng.choice("0123456789") for _ in range(rng.randint(self.min_digits, self.max_digits)))
             yield {"task_id": f"rev-{self.seed}-{i}", "prompt": f"{self.bos}r:{digits}>", "answer": digits[::-1]}
+
+    def demonstration(self, row: dict, rng: random.Random) -> str:
+        digits = "".join(rng.choice("0123456789") if rng.random() < self.teacher_noise else d for d in row["answer"])
+        return digits + ("." * rng.randint(1, 3) if rng.random() < self.teacher_filler else "")
 
     @reward("exact_match")
     def exact_match(self, r: RolloutView) -> float:

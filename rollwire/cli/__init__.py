@@ -6,6 +6,7 @@ what the subcommand needs (so `rollwire --help` never loads Kafka, torch or vLLM
     producers.py  dispatch, env-worker
     services.py   score, inference, train
     evaluate.py   eval
+    run.py        run (the whole loop from a recipe)
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import argparse
 import logging
 import sys
 
-from rollwire.cli import evaluate, logs, producers, services
+from rollwire.cli import evaluate, logs, producers, run, services
 
 DESCRIPTION = """\
 rollwire: asynchronous RL post-training for LLMs, as an event-sourced streaming system.
@@ -25,6 +26,7 @@ on a log: the embedded log in a local directory by default, or Kafka with --bus 
 
 EPILOG = """\
 examples:
+  rollwire run                                 the demo: everything on this machine, learning for real
   rollwire topics                              the topic catalog: events, keys, who writes and reads
   rollwire topics --create --bus kafka --bootstrap 127.0.0.1:9092
   rollwire tail rollouts --log-dir runs/demo/log --since 10m
@@ -41,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for add in (logs.add_topics, logs.add_tail, producers.add_dispatch, producers.add_env_worker,
+    for add in (run.add_run, logs.add_topics, logs.add_tail, producers.add_dispatch, producers.add_env_worker,
                 services.add_score, services.add_inference, services.add_train, evaluate.add_evaluate):
         add(sub)
     return parser
@@ -57,10 +59,6 @@ def main(argv: list[str] | None = None) -> int:
     except RollwireError as exc:
         print(f"rollwire {args.command}: {exc}", file=sys.stderr)
         return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ def add_inference(sub) -> None:
     inference.add_argument("--port", type=int, default=8000, help="server port on 127.0.0.1 (default: %(default)s)")
     inference.add_argument("--dtype", default="auto", help="weights dtype (default: %(default)s)")
     inference.add_argument("--max-model-len", type=int, default=2048, help="tokens per sequence (default: %(default)s)")
-    inference.add_argument("--kv-cache-gib", type=float, default=1.0, help="CPU KV cache in GiB (default: %(default)s)")
+    inference.add_argument("--kv-cache-gib", type=int, default=1, help="CPU KV cache in whole GiB (default: %(default)s)")
     inference.add_argument("--enable-lora", action="store_true", help="serve LoRA weight versions")
     inference.add_argument("--replica-id", default=None, help="name in status events (default: 127.0.0.1:PORT)")
     inference.add_argument("--policy", default="policy", help="policy to follow on the weights topic (default: %(default)s)")

@@ -1,0 +1,175 @@
+"""What a run has done, read back from its own events: metrics, the live display, the reward curve.
+
+    reads: <prefix>.train (TrainStepCompleted), <prefix>.fleet (ReplicaStatus), <prefix>.rollouts
+
+Everything here is derived from the log, so a resumed run rebuilds its metrics file from the
+first step, and `rollwire run` shows the same figures whether it started the run or not.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.table import Table
+
+from rollwire.bus import Beginning, EventLog
+from rollwire.schemas.envelope import Codec
+from rollwire.schemas.rollout import RolloutCompleted
+from rollwire.schemas.topics import Topics
+from rollwire.schemas.training import TrainStepCompleted
+from rollwire.schemas.weights import ReplicaStatus
+
+
+def metrics_row(event: TrainStepCompleted, produced_at_ms: int) -> dict:
+    """One line of the metrics file."""
+    staleness = event.staleness
+    return {"step": event.step, "policy_version": event.policy_version, "reward_mean": event.reward_mean,
+            "loss": event.loss, "rollouts": len(event.rollout_ids), "num_tokens": event.num_tokens,
+            "grad_norm": event.grad_norm, "staleness_max": staleness.max if staleness else None,
+            "staleness_mean": staleness.mean if staleness else None, "drops": event.drops,
+            **{f"reward/{k}": v for k, v in event.rewards_mean.items()},
+            **{f"metric/{k}": v for k, v in event.metrics_mean.items()},
+            "time_ms": produced_at_ms, "skipped_reason": event.skipped_reason}
+
+
+@dataclass
+class RunProgress:
+    """Follows a run's events; `poll()` takes in what is new."""
+
+    log: EventLog
+    topics: Topics
+    metrics_path: Path | None = None
+    rows: list[dict] = field(default_factory=list)
+    serving: dict[str, int | None] = field(default_factory=dict)
+    """Version each replica serves, by replica id."""
+    replica_state: dict[str, str] = field(default_factory=dict)
+    rollouts: int = 0
+    errored: int = 0
+
+    def __post_init__(self) -> None:
+        self._codec = Codec()
+        self._reader = self.log.reader([self.topics.train, self.topics.fleet, self.topics.rollouts], Beginning())
+        if self.metrics_path is not None:
+            self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
+            self._out = open(self.metrics_path, "w")  # rebuilt from the log: a resumed run rewrites it whole
+
+    def poll(self, timeout_s: float = 0.5) -> list[dict]:
+        """Reads what is new (every partition); returns the new metrics rows."""
+        new = []
+        records = self._reader.poll_batch(2000, timeout_s)
+        while more := self._reader.poll_batch(2000, 0.0):
+            records += more
+        for record in records:
+            if record.value is None:
+                continue
+            try:
+                envelope = self._codec.decode(record.value)
+            except Exception:  # the components dead-letter bad events; the display just skips them
+                continue
+            event = envelope.event
+            if isinstance(event, TrainStepCompleted):
+                new.append(metrics_row(event, envelope.produced_at_ms))
+            elif isinstance(event, ReplicaStatus):
+                self.serving[event.replica_id] = event.serving_version
+                self.replica_state[event.replica_id] = event.state
+            elif isinstance(event, RolloutCompleted):
+                self.rollouts += 1
+                self.errored += event.error is not None
+        new.sort(key=lambda row: row["step"])
+        self.rows += new
+        if self.metrics_path is not None and new:
+            self._out.writelines(json.dumps(row) + "\n" for row in new)
+            self._out.flush()
+        return new
+
+    @property
+    def step(self) -> int:
+        return self.rows[-1]["step"] if self.rows else 0
+
+    def mean_reward(self, first: int | None = None, last: int | None = None) -> float | None:
+        rows = self.rows[:first] if first else self.rows[-last:] if last else self.rows
+        return sum(r["reward_mean"] for r in rows) / len(rows) if rows else None
+
+    def throughput(self, window: int = 10) -> float | None:
+        """Rollouts trained per second over the last `window` steps."""
+        rows = self.rows[-(window + 1):]
+        if len(rows) < 2:
+            return None
+        seconds = (rows[-1]["time_ms"] - rows[0]["time_ms"]) / 1000
+        return sum(r["rollouts"] for r in rows[1:]) / seconds if seconds > 0 else None
+
+    def summary(self) -> str:
+        """One line: where the run is."""
+        if not self.rows:
+            return f"waiting for the first step · {self.rollouts} rollouts so far"
+        last = self.rows[-1]
+        parts = [f"step {last['step']}", f"reward {last['reward_mean']:.3f}",
+                 f"last-10 {self.mean_reward(last=10):.3f}"]
+        if last["staleness_max"] is not None:
+            parts.append(f"staleness max {last['staleness_max']} mean {last['staleness_mean']:.2f}")
+        if (rate := self.throughput()) is not None:
+            parts.append(f"{rate:.0f} rollouts/s")
+        parts.append("serving " + ", ".join(f"v{v}" for v in self.serving.values()) if self.serving else "no replica yet")
+        return " · ".join(parts)
+
+    def table(self, total_steps: int, phase: str) -> Table:
+        """The live display."""
+        table = Table(title=f"rollwire run · {phase}", show_header=False, box=None, padding=(0, 1))
+        table.add_column(style="bold")
+        table.add_column()
+        step = self.step
+        filled = int(30 * step / total_steps) if total_steps else 0
+        table.add_row("step", f"{'━' * filled}{'╌' * (30 - filled)} {step}/{total_steps}")
+        if self.rows:
+            last = self.rows[-1]
+            table.add_row("reward", f"{last['reward_mean']:.3f} now · {self.mean_reward(first=10):.3f} first 10 · "
+                                    f"{self.mean_reward(last=10):.3f} last 10")
+            if "metric/completion_tokens" in last:
+                table.add_row("completion", f"{last['metric/completion_tokens']:.2f} tokens")
+            if last["staleness_max"] is not None:
+                table.add_row("staleness", f"max {last['staleness_max']} · mean {last['staleness_mean']:.2f} versions")
+            rate = self.throughput()
+            table.add_row("throughput", f"{rate:.1f} rollouts/s trained" if rate else "…")
+        table.add_row("rollouts", f"{self.rollouts} published · {self.errored} errored")
+        table.add_row("serving", ", ".join(f"{rid} v{v if v is not None else '-'} ({self.replica_state[rid]})"
+                                           for rid, v in self.serving.items()) or "starting")
+        return table
+
+    def close(self) -> None:
+        self._reader.close()
+        if self.metrics_path is not None:
+            self._out.close()
+
+
+def plot(rows: list[dict], path: Path, title: str = "rollwire run") -> Path:
+    """The reward curve (and mean completion length, when recorded) as a PNG."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    steps = [r["step"] for r in rows]
+    figure, reward_axis = plt.subplots(figsize=(8, 4.5), dpi=110)
+    reward_axis.plot(steps, [r["reward_mean"] for r in rows], color="tab:blue", alpha=0.35, label="reward (step)")
+    window = 10
+    smooth = [sum(r["reward_mean"] for r in rows[max(0, i - window + 1): i + 1]) / len(rows[max(0, i - window + 1): i + 1])
+              for i in range(len(rows))]
+    reward_axis.plot(steps, smooth, color="tab:blue", label=f"reward ({window}-step mean)")
+    reward_axis.set_xlabel("trainer step")
+    reward_axis.set_ylabel("mean reward", color="tab:blue")
+    handles = reward_axis.get_legend_handles_labels()
+    if rows and "metric/completion_tokens" in rows[-1]:
+        length_axis = reward_axis.twinx()
+        length_axis.plot(steps, [r.get("metric/completion_tokens") for r in rows], color="tab:orange",
+                         label="completion tokens")
+        length_axis.set_ylabel("completion tokens", color="tab:orange")
+        more = length_axis.get_legend_handles_labels()
+        handles = (handles[0] + more[0], handles[1] + more[1])
+    reward_axis.legend(*handles, loc="lower right")
+    reward_axis.set_title(title)
+    reward_axis.grid(alpha=0.3)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path)
+    plt.close(figure)
+    return path

@@ -1,0 +1,144 @@
+"""One component of a run, in its own process: `python -m rollwire.run.roles ROLE RECIPE_JSON`.
+
+    replica      vLLM server + weight subscriber     (rollwire.consumers.replica)
+    scorer       group scorer: faust on Kafka, the in-process driver on the embedded log
+    trainer      until the recipe's last step         (rollwire.trainer.loop)
+    env-worker   tasks -> rollouts through the replica (rollwire.producers.env_worker)
+    dispatcher   tasks, paced by the off-policy budget (rollwire.producers.dispatcher)
+
+The supervisor (`rollwire.run.supervisor`) starts these; each reads its settings from the
+resolved recipe and stops cleanly on SIGTERM (Ctrl-C reaches only the supervisor).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+
+from rollwire import telemetry
+from rollwire.bus import catalog_topics, open_log
+from rollwire.run.recipe import RunRecipe
+from rollwire.schemas.topics import Topics
+
+ROLES = ("replica", "scorer", "trainer", "env-worker", "dispatcher")
+
+
+def base_url(recipe: RunRecipe) -> str:
+    return f"http://127.0.0.1:{recipe.inference.port}"
+
+
+def run_replica(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
+    from rollwire.consumers.replica import Replica
+    from rollwire.consumers.vllm_server import VllmServerSettings
+    from rollwire.consumers.weight_subscriber import WeightSubscriberSettings
+    from rollwire.objectstore import open_store
+    inference = recipe.inference
+    server = VllmServerSettings(model=recipe.base_model, port=inference.port, dtype=inference.dtype,
+                                max_model_len=inference.max_model_len, kv_cache_gib=inference.kv_cache_gib,
+                                extra_args=inference.extra_args, log_path=recipe.run_dir / "logs" / "vllm.log")
+    subscriber = WeightSubscriberSettings(replica_id=f"replica-{index}", policy=recipe.trainer_settings().policy,
+                                          cache_dir=recipe.run_dir / "replica-cache")
+    Replica(log, topics, open_store(recipe.store_settings()), server, subscriber).run()
+
+
+def run_scorer(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
+    if recipe.bus.type == "kafka":
+        from rollwire.streams.faust_app import FaustScorerSettings, build_app, run_worker
+        app = build_app(FaustScorerSettings(bootstrap_servers=recipe.bus.bootstrap_servers, topic_prefix=topics.prefix,
+                                            app_id=f"{topics.prefix}-scorer",
+                                            data_dir=recipe.run_dir / "faust"), recipe.scorer)
+        run_worker(app, loglevel="warning")
+        return
+    from rollwire.streams.embedded import EmbeddedScorer
+    from rollwire.streams.scoring import GroupScorer
+    scorer = EmbeddedScorer(log, topics, GroupScorer(recipe.scorer), group_id="scorer")
+    try:
+        scorer.run()
+    finally:
+        scorer.close()
+
+
+def run_trainer(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
+    from rollwire.objectstore import open_store
+    from rollwire.trainer.loop import Trainer
+    trainer = Trainer(log, topics, open_store(recipe.store_settings()), recipe.trainer_settings())
+    try:
+        trainer.run(max_steps=recipe.steps)
+    finally:
+        trainer.close()
+
+
+def run_env_worker(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
+    from rollwire.consumers.vllm_control import VllmControl
+    from rollwire.producers.env_worker import EnvWorker, EnvWorkerSettings
+    from rollwire.producers.tasksets import load_taskset
+    tasksets = {e.name: load_taskset(e.name, **e.options) for e in recipe.environments}
+    settings = EnvWorkerSettings(concurrency=recipe.env_workers.concurrency, name=f"env-worker-{index}",
+                                 tasks_per_poll=recipe.env_workers.tasks_per_poll)
+    worker = EnvWorker(log, topics, VllmControl(base_url(recipe)), tasksets, settings)
+    try:
+        while True:
+            worker.step(timeout_s=1.0)
+    finally:
+        worker.close()
+
+
+def run_dispatcher(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
+    from rollwire.producers.dispatcher import Dispatcher, DispatcherSettings, EnvironmentMix
+    from rollwire.producers.tasksets import load_taskset
+    mix = [(EnvironmentMix.model_validate(e.model_dump(exclude={"options"})), load_taskset(e.name, **e.options))
+           for e in recipe.environments]
+    dispatcher = Dispatcher(log, topics, mix, DispatcherSettings(max_off_policy=recipe.max_off_policy,
+                                                                 batch_rollouts=recipe.batch_rollouts,
+                                                                 seed=recipe.dispatcher_seed))
+    try:
+        while True:
+            dispatcher.step(timeout_s=0.5)
+    finally:
+        dispatcher.close()
+
+
+RUNNERS = {"replica": run_replica, "scorer": run_scorer, "trainer": run_trainer, "env-worker": run_env_worker,
+           "dispatcher": run_dispatcher}
+
+
+def _stop_on_sigterm(*_) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rollwire.run.roles",
+                                     description="one component of a `rollwire run` (started by its supervisor)")
+    parser.add_argument("role", choices=ROLES)
+    parser.add_argument("recipe", type=Path, help="the resolved recipe (<run_dir>/recipe.json)")
+    parser.add_argument("--index", type=int, default=0, help="which one of several processes of the role")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.role}-{args.index} %(levelname)s "
+                                                   "%(name)s: %(message)s")
+    recipe = RunRecipe.model_validate_json(args.recipe.read_text())
+    if args.role != "replica":  # the replica handles SIGTERM itself: it must stop its vLLM server
+        signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    if args.role == "trainer":
+        import torch
+        torch.set_num_threads(recipe.trainer_threads)
+    provider = telemetry.configure(recipe.telemetry_for(args.role))
+    topics = Topics(recipe.prefix)
+    started = time.monotonic()
+    try:
+        with open_log(recipe.bus_settings()) as log:
+            log.create_topics(catalog_topics(topics))
+            RUNNERS[args.role](recipe, log, topics, args.index)
+    except KeyboardInterrupt:
+        logging.getLogger(__name__).info("stopped after %.0f s", time.monotonic() - started)
+    finally:
+        if provider is not None:
+            provider.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

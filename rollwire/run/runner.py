@@ -1,0 +1,187 @@
+"""`rollwire run`: the whole loop on one machine, from a recipe.
+
+    # Step 1  resolve the recipe; write <run_dir>/recipe.json (every component reads it)
+    # Step 2  the policy's version 0: build the tiny model and warm-start it, unless it exists
+    # Step 3  start the replica (vLLM) and wait until it answers
+    # Step 4  start scorer, trainer, env workers, dispatcher
+    # Step 5  follow the run's events: live display, metrics JSONL; restart crashed components
+    # Step 6  when the trainer has done its last step (or on Ctrl-C): stop everything in order,
+    #         draw the reward curve, print first-10 and last-10 mean reward
+
+Interrupted and started again with the same recipe, it resumes: the base model is kept, the
+trainer restarts from its last checkpoint, the dispatcher recounts what it issued, and the
+metrics file is rebuilt from the log.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.live import Live
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from rollwire.bus import catalog_topics, open_log
+from rollwire.consumers.vllm_control import VllmControl
+from rollwire.run.progress import RunProgress, plot
+from rollwire.run.recipe import RunRecipe
+from rollwire.run.roles import base_url
+from rollwire.run.supervisor import RunFailed, Supervisor
+from rollwire.schemas.topics import Topics
+
+
+@dataclass
+class RunResult:
+    steps: int
+    first10: float | None
+    last10: float | None
+    metrics_path: Path
+    plot_path: Path | None
+    interrupted: bool
+    seconds: float
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def resolve(recipe: RunRecipe) -> Path:
+    """Step 1: fixes what must be the same in every process (the server port) and writes recipe.json."""
+    recipe.run_dir.mkdir(parents=True, exist_ok=True)
+    if recipe.inference.port == 0:
+        recipe.inference.port = _free_port()
+    path = recipe.run_dir / "recipe.json"
+    path.write_text(recipe.model_dump_json(indent=1))
+    return path
+
+
+def prepare_model(recipe: RunRecipe, console: Console) -> None:
+    """Step 2: builds `<run_dir>/base` (tiny model + warm start) once; a finished one is kept."""
+    base = Path(recipe.base_model)
+    if recipe.model.path is not None or (base / "config.json").exists():
+        return
+    import torch
+
+    from rollwire.producers.tasksets import load_taskset
+    from rollwire.trainer.tiny import build_char_tokenizer, build_tiny_model
+    from rollwire.trainer.warmstart import warm_start
+    torch.set_num_threads(2)
+    building = base.with_name(base.name + ".partial")
+    shutil.rmtree(building, ignore_errors=True)
+    tiny = recipe.model.tiny
+    build_tiny_model(building, build_char_tokenizer(), seed=tiny.seed, hidden=tiny.hidden, layers=tiny.layers,
+                     heads=tiny.heads, kv_heads=tiny.kv_heads, intermediate=tiny.intermediate,
+                     tie_embeddings=tiny.tie_embeddings)
+    settings = recipe.warm_start
+    if settings.steps:
+        environment = recipe.warm_start_environment()
+        taskset = load_taskset(environment.name, **environment.options)
+        columns = (TextColumn("warm start on the {task.fields[env]} teacher"), BarColumn(),
+                   TextColumn("{task.completed}/{task.total} steps · loss {task.fields[loss]:.3f}"),
+                   TimeElapsedColumn(), TimeRemainingColumn())
+        with Progress(*columns, console=console, transient=False) as bar:
+            task = bar.add_task("warm start", total=settings.steps, env=environment.name, loss=float("nan"))
+            warm_start(building, taskset, settings,
+                       on_step=lambda step, loss: bar.update(task, completed=step, loss=loss))
+    building.rename(base)  # complete, or not there at all
+
+
+def _wait_for_server(supervisor: Supervisor, recipe: RunRecipe, console: Console, timeout_s: float = 600) -> None:
+    """Step 3's wait: until the replica's vLLM answers (it takes ~40 s on a small CPU)."""
+    control = VllmControl(base_url(recipe), timeout_s=2.0)
+    deadline = time.monotonic() + timeout_s
+    with console.status("starting the vLLM server (about 40 s on a small CPU) …"):
+        while time.monotonic() < deadline:
+            for line in supervisor.check():
+                console.print(f"[yellow]{line}")
+            if control.healthy():
+                return
+            time.sleep(1.0)
+    raise RunFailed(f"the vLLM server did not answer within {timeout_s:.0f} s; see {recipe.run_dir / 'logs'}")
+
+
+def run(recipe: RunRecipe, *, metrics_out: Path | None = None, console: Console | None = None) -> RunResult:
+    console = console or Console()
+    started = time.monotonic()
+    # Step 1
+    recipe_json = resolve(recipe)
+    metrics_path = metrics_out or recipe.run_dir / "metrics.jsonl"
+    console.print(f"[bold]rollwire run[/] {recipe.name} → {recipe.run_dir}  ({recipe.bus.type} log, "
+                  f"{recipe.steps} steps; Ctrl-C stops, the same command resumes)")
+    # Step 2
+    prepare_model(recipe, console)
+    topics = Topics(recipe.prefix)
+    log = open_log(recipe.bus_settings())
+    log.create_topics(catalog_topics(topics))
+    supervisor = Supervisor(recipe_json, recipe.run_dir / "logs")
+    progress = RunProgress(log, topics, metrics_path)
+    interrupted = False
+    try:
+        # Step 3
+        supervisor.start("replica")
+        _wait_for_server(supervisor, recipe, console)
+        # Step 4
+        for role in ("scorer", "trainer"):
+            supervisor.start(role)
+        for index in range(recipe.env_workers.count):
+            supervisor.start("env-worker", index)
+        supervisor.start("dispatcher")
+        # Step 5
+        _follow(supervisor, progress, recipe, console)
+    except KeyboardInterrupt:
+        interrupted = True
+        console.print(f"[yellow]interrupted at step {progress.step}: stopping; run the same command to resume")
+    finally:
+        # Step 6
+        with console.status("stopping the components …"):
+            supervisor.stop()
+        progress.poll(0.2)
+        progress.close()
+        log.close()
+    plot_path = None
+    if progress.rows:
+        try:
+            plot_path = plot(progress.rows, recipe.run_dir / "reward_curve.png", title=f"rollwire run: {recipe.name}")
+        except ImportError:
+            console.print("[yellow]no reward curve: matplotlib is not installed (pip install matplotlib)")
+    result = RunResult(progress.step, progress.mean_reward(first=10), progress.mean_reward(last=10), metrics_path,
+                       plot_path, interrupted, time.monotonic() - started)
+    _report(result, console)
+    return result
+
+
+def _follow(supervisor: Supervisor, progress: RunProgress, recipe: RunRecipe, console: Console) -> None:
+    """Step 5: until the trainer finishes its last step."""
+    def trainer_done() -> bool:
+        return any(c.role == "trainer" and c.finished for c in supervisor.children)
+
+    if console.is_terminal:
+        with Live(progress.table(recipe.steps, "training"), console=console, refresh_per_second=2) as live:
+            while not trainer_done():
+                progress.poll(0.5)
+                for line in supervisor.check():
+                    live.console.print(f"[yellow]{line}")
+                live.update(progress.table(recipe.steps, "training"))
+        return
+    while not trainer_done():  # not a terminal (CI, a pipe): one line per step
+        for row in progress.poll(0.5):
+            console.print(progress.summary() if row is progress.rows[-1] else f"step {row['step']}")
+        for line in supervisor.check():
+            console.print(line)
+    progress.poll(0.5)
+
+
+def _report(result: RunResult, console: Console) -> None:
+    if result.steps == 0:
+        console.print("no trainer step finished")
+        return
+    console.print(f"[bold]{result.steps} steps[/] in {result.seconds / 60:.1f} min · mean reward first 10 steps "
+                  f"[bold]{result.first10:.3f}[/] → last 10 steps [bold]{result.last10:.3f}[/]")
+    console.print(f"metrics: {result.metrics_path}" + (f" · reward curve: {result.plot_path}" if result.plot_path else ""))
+

@@ -1,0 +1,121 @@
+"""Starts a run's components as child processes, restarts the ones that crash, stops them in order.
+
+    start(role)        python -m rollwire.run.roles ROLE <run_dir>/recipe.json, output to
+                       <run_dir>/logs/ROLE-N.log, in its own session (Ctrl-C reaches only us),
+                       told to die with us (Linux: PR_SET_PDEATHSIG)
+    check()            a child that exited non-zero is restarted after a backoff, at most
+                       `max_restarts` times; then the run fails with the tail of its log
+    stop()             SIGTERM in the order given (producers of work first), SIGKILL after a grace
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rollwire.errors import RollwireError
+from rollwire.processes import die_with_parent
+
+STOP_ORDER = ("dispatcher", "env-worker", "scorer", "trainer", "replica")
+"""Whoever makes work stops first, so nothing downstream waits for what will not come."""
+
+
+class RunFailed(RollwireError):
+    """A component kept failing; the message names it and quotes its log."""
+
+
+@dataclass
+class Child:
+    role: str
+    index: int
+    log_path: Path
+    process: subprocess.Popen | None = None
+    restarts: int = 0
+    restart_at: float | None = None
+    """When a crashed child is due to be started again (backoff), or None."""
+    finished: bool = False
+    """Exited with status 0 on its own (e.g. the trainer after its last step)."""
+    history: list[int] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}-{self.index}"
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+class Supervisor:
+    def __init__(self, recipe_json: Path, log_dir: Path, *, max_restarts: int = 3,
+                 env: dict[str, str] | None = None) -> None:
+        self.recipe_json, self.log_dir, self.max_restarts = recipe_json, log_dir, max_restarts
+        self.env = {**os.environ, **(env or {})}
+        self.children: list[Child] = []
+        log_dir.mkdir(parents=True, exist_ok=True)
+
+    def start(self, role: str, index: int = 0) -> Child:
+        child = Child(role, index, self.log_dir / f"{role}-{index}.log")
+        self._spawn(child)
+        self.children.append(child)
+        return child
+
+    def _spawn(self, child: Child) -> None:
+        with open(child.log_path, "ab") as out:
+            child.process = subprocess.Popen(
+                [sys.executable, "-m", "rollwire.run.roles", child.role, str(self.recipe_json),
+                 "--index", str(child.index)],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env,
+                start_new_session=True, preexec_fn=die_with_parent)
+
+    def check(self) -> list[str]:
+        """Restarts crashed children after a backoff (without blocking); returns what happened, one
+        line each (empty when all is well)."""
+        events = []
+        for child in self.children:
+            if child.finished or child.process is None or child.process.poll() is None:
+                continue
+            if child.restart_at is not None:
+                if time.monotonic() >= child.restart_at:
+                    child.restart_at = None
+                    self._spawn(child)
+                continue
+            code = child.process.returncode
+            child.history.append(code)
+            if code == 0:
+                child.finished = True
+                events.append(f"{child.name} finished")
+                continue
+            if child.restarts >= self.max_restarts:
+                raise RunFailed(f"{child.name} exited with code {code} {child.restarts + 1} times; last lines of "
+                                f"{child.log_path}:\n{tail(child.log_path)}")
+            child.restarts += 1
+            child.restart_at = time.monotonic() + min(2.0 ** child.restarts, 10.0)
+            events.append(f"{child.name} exited with code {code}; restarting it "
+                          f"({child.restarts} of {self.max_restarts}), see {child.log_path}")
+        return events
+
+    def alive(self, role: str) -> bool:
+        return any(c.role == role and c.process is not None and c.process.poll() is None for c in self.children)
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        """SIGTERM each role in STOP_ORDER and wait for it (up to `grace_s`), then SIGKILL what is left."""
+        for role in STOP_ORDER:
+            group = [c for c in self.children if c.role == role and c.process and c.process.poll() is None]
+            for child in group:
+                child.process.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + grace_s
+            for child in group:
+                try:
+                    child.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    os.killpg(child.process.pid, signal.SIGKILL)
+                    child.process.wait()

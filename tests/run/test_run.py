@@ -1,0 +1,231 @@
+"""`rollwire run` end to end: real processes, a real vLLM server, the embedded log and Kafka.
+
+A short recipe is run as a user would run it (`rollwire run RECIPE`, a subprocess): interrupted
+with Ctrl-C (SIGINT) after two steps, with one component `kill -9`ed on the way, then started
+again to finish. The module's tests then check what that run left: resume, metrics, curve, and
+one rollout's trace from the env worker through scoring to the trainer step and the reload that
+served the next version. The bundled demo itself is run in `test_demo_learns`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+SHORT = """
+name = "{name}"
+steps = {steps}
+
+[model.tiny]
+seed = 1
+
+[warm_start]
+steps = 40
+
+[[environments]]
+name = "reverse-digits"
+algorithm = "grpo-nostd"
+group_size = 4
+options = {{ seed = 3 }}
+sampling = {{ temperature = 1.0, max_tokens = 8 }}
+
+[env_workers]
+concurrency = 8
+
+[trainer.batch]
+batch_rollouts = 16
+max_off_policy = 1
+
+[telemetry]
+exporter = "file"
+"""
+
+
+def _recipe(folder: Path, name: str, steps: int) -> Path:
+    path = folder / f"{name}.toml"
+    path.write_text(SHORT.format(name=name, steps=steps))
+    return path
+
+
+def _start(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "rollwire", "run", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "200"})
+
+
+def _metrics(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _wait_for_steps(process: subprocess.Popen, metrics: Path, steps: int, timeout_s: float = 400) -> None:
+    deadline = time.monotonic() + timeout_s
+    while len(_metrics(metrics)) < steps:
+        assert process.poll() is None, f"rollwire run exited early:\n{process.stdout.read()}"
+        assert time.monotonic() < deadline, f"no {steps} steps within {timeout_s} s"
+        time.sleep(1.0)
+
+
+def _role_process(parent: subprocess.Popen, role: str, missing_ok: bool = False) -> psutil.Process | None:
+    for child in psutil.Process(parent.pid).children(recursive=True):
+        try:
+            if "rollwire.run.roles" in child.cmdline() and role in child.cmdline() and child.is_running():
+                return child
+        except psutil.NoSuchProcess:
+            continue
+    assert missing_ok, f"no {role} process under rollwire run"
+    return None
+
+
+def _processes_of(run_dir: Path) -> list[str]:
+    """Command lines of processes still working on `run_dir` (a component, or its vLLM server)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if str(run_dir) in cmdline and proc.pid != os.getpid():
+            found.append(cmdline)
+    return found
+
+
+@pytest.fixture(scope="module")
+def interrupted_run(tmp_path_factory) -> dict:
+    """Runs 8 steps in two parts: SIGINT after step 3 (the scorer `kill -9`ed before), then a resume."""
+    folder = tmp_path_factory.mktemp("run")
+    run_dir, metrics = folder / "short", folder / "short" / "metrics.jsonl"
+    recipe = _recipe(folder, "short", steps=8)
+    first = _start(str(recipe), "--run-dir", str(run_dir))
+    _wait_for_steps(first, metrics, 1)
+    killed = _role_process(first, "scorer")
+    killed.kill()  # the supervisor restarts it; its open groups come back from the scorer-state topic
+    deadline = time.monotonic() + 60
+    while _role_process(first, "scorer", missing_ok=True) in (None, killed):
+        assert time.monotonic() < deadline, "the scorer was not restarted"
+        time.sleep(0.5)
+    _wait_for_steps(first, metrics, 3)
+    first.send_signal(signal.SIGINT)
+    first_output, _ = first.communicate(timeout=120)
+    (folder / "first.out").write_text(first_output)
+    leftovers = _processes_of(run_dir)
+    steps_at_interrupt = len(_metrics(metrics))
+    second = _start(str(recipe), "--run-dir", str(run_dir))
+    second_output, _ = second.communicate(timeout=600)
+    (folder / "second.out").write_text(second_output)
+    return {"run_dir": run_dir, "metrics": metrics, "first_code": first.returncode, "first_output": first_output,
+            "leftovers": leftovers, "steps_at_interrupt": steps_at_interrupt, "second_code": second.returncode,
+            "second_output": second_output}
+
+
+def test_ctrl_c_stops_every_component_and_the_same_command_resumes(interrupted_run):
+    run = interrupted_run
+    assert run["first_code"] == 130, run["first_output"]
+    assert "scorer-0 exited with code -9; restarting it" in run["first_output"]
+    assert "run the same command to resume" in run["first_output"]
+    assert run["leftovers"] == []  # no component and no vLLM server outlived Ctrl-C
+    assert 3 <= run["steps_at_interrupt"] < 8
+    assert run["second_code"] == 0, run["second_output"]
+    rows = _metrics(run["metrics"])
+    assert [r["step"] for r in rows] == list(range(1, 9))  # rebuilt from the log: each step once
+    assert all(r["rollouts"] == 16 and r["staleness_max"] <= 1 for r in rows)
+    assert "metric/completion_tokens" in rows[-1] and "reward/exact_match" in rows[-1]
+    assert "mean reward first 10 steps" in run["second_output"]
+    assert (run["run_dir"] / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_every_rollout_is_trained_at_most_once_across_the_interruption(interrupted_run):
+    from rollwire.bus import Beginning, EmbeddedBusSettings, open_log
+    from rollwire.schemas import Codec
+    trained = []
+    with open_log(EmbeddedBusSettings(path=interrupted_run["run_dir"] / "log")) as log, \
+            log.reader(["short.train"], Beginning()) as reader:
+        while batch := reader.poll_batch(100, 0.5):
+            trained += [i for r in batch for i in Codec().decode(r.value).event.rollout_ids]
+    assert len(trained) == 8 * 16 and len(set(trained)) == len(trained)
+
+
+def _spans(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "spans.jsonl").read_text().splitlines()]
+
+
+def test_one_rollout_is_traced_from_the_env_worker_to_the_trainer_step_and_the_next_reload(interrupted_run):
+    spans = _spans(interrupted_run["run_dir"])
+    by_id = {s["span_id"]: s for s in spans}
+
+    def parent(span: dict) -> dict:
+        assert span["parent_span_id"] in by_id, f"{span['name']} has no recorded parent"
+        return by_id[span["parent_span_id"]]
+
+    step = next(s for s in spans if s["name"] == "trainer step" and s["attributes"]["rollwire.step"] == 7)
+    assert len(step["links"]) == 16  # one link per scored rollout trained
+    # the trainer step links to the record the scorer sent for one rollout ...
+    scored_send = by_id[step["links"][0]["span_id"]]
+    assert scored_send["name"] == "send short.scored" and scored_send["service"] == "rollwire-scorer"
+    score = parent(scored_send)
+    assert score["name"] == "score rollout"
+    rollout_id = score["attributes"]["rollwire.rollout_id"]
+    # ... which continues the rollout's own span in the env worker
+    rollout = parent(score)
+    assert rollout["name"] == "rollout" and rollout["service"] == "rollwire-env-worker"
+    assert rollout["attributes"]["rollwire.rollout_id"] == rollout_id
+    assert rollout["trace_id"] == scored_send["trace_id"] == step["links"][0]["trace_id"]
+    children = [s for s in spans if s["parent_span_id"] == rollout["span_id"]]
+    assert {"inference generate", "send short.rollouts"} <= {s["name"] for s in children}
+    rollout_send = next(s for s in children if s["name"] == "send short.rollouts")
+    assert any(s["name"] == "process short.rollouts" and s["parent_span_id"] == rollout_send["span_id"]
+               and s["service"] == "rollwire-scorer" for s in spans)
+    task_send = parent(rollout)  # the rollout belongs to the trace of the task the dispatcher sent
+    assert task_send["name"] == "send short.tasks" and task_send["service"] == "rollwire-dispatcher"
+    # the step publishes its weights, and the replica's reload of them is part of the step's trace
+    published = [s for s in spans if s["parent_span_id"] == step["span_id"]]
+    assert {"publish weights", "send short.weights", "send short.train"} <= {s["name"] for s in published}
+    weights_send = next(s for s in published if s["name"] == "send short.weights")
+    process = next(s for s in spans if s["name"] == "process short.weights"
+                   and s["parent_span_id"] == weights_send["span_id"])
+    assert process["service"] == "rollwire-replica" and process["trace_id"] == step["trace_id"]
+    reload = next(s for s in spans if s["name"] == "reload weights" and s["parent_span_id"] == process["span_id"])
+    version = reload["attributes"]["rollwire.weight_version"]
+    assert version == 7
+    # and that version then sampled tokens (calls waiting on the swap start before it ends)
+    assert any(s["name"] == "inference generate" and str(version) in s["attributes"]["rollwire.weight_versions"].split(",")
+               and s["end_ns"] > reload["end_ns"] for s in spans)
+
+
+@pytest.mark.kafka
+def test_the_same_recipe_runs_on_kafka(tmp_path, kafka_bootstrap):
+    from rollwire.bus import Beginning, KafkaBusSettings, open_log
+    from rollwire.schemas import Codec
+    name = f"kafkarun{int(time.time() * 1000) % 10**8}"
+    recipe = _recipe(tmp_path, name, steps=3)
+    done = _start(str(recipe), "--run-dir", str(tmp_path / name), "--bus", "kafka", "--bootstrap", kafka_bootstrap)
+    output, _ = done.communicate(timeout=600)
+    assert done.returncode == 0, output
+    assert [r["step"] for r in _metrics(tmp_path / name / "metrics.jsonl")] == [1, 2, 3]
+    assert not (tmp_path / name / "log").exists()  # nothing went to the embedded log
+    events = []
+    with open_log(KafkaBusSettings(bootstrap_servers=kafka_bootstrap)) as log, \
+            log.reader([f"{name}.train", f"{name}.weights"], Beginning()) as reader:
+        deadline = time.monotonic() + 30
+        while len(events) < 6 and time.monotonic() < deadline:
+            events += [Codec().decode(r.value).event for r in reader.poll_batch(100, 1.0)]
+    assert sorted(e.type for e in events) == ["train.step_completed"] * 3 + ["weights.published"] * 3
+    assert _processes_of(tmp_path / name) == []
+
+
+def test_demo_learns(tmp_path):
+    """The README's run command, unchanged but for where it writes: the bundled demo."""
+    run_dir = tmp_path / "demo"
+    done = _start("--run-dir", str(run_dir))
+    output, _ = done.communicate(timeout=1500)
+    assert done.returncode == 0, output
+    rows = _metrics(run_dir / "metrics.jsonl")
+    first10 = sum(r["reward_mean"] for r in rows[:10]) / 10
+    last10 = sum(r["reward_mean"] for r in rows[-10:]) / 10
+    print(f"demo: {len(rows)} steps, mean reward first 10 {first10:.3f}, last 10 {last10:.3f}")
+    assert last10 > first10 + 0.15, (first10, last10)
