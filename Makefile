@@ -1,5 +1,5 @@
 # A newcomer needs two commands:
-#   make run    install what the demo needs and run it          (arrives with `rollwire run`)
+#   make run    install what the demo needs and run it          (`rollwire run`: the whole loop, learning)
 #   make test   install what the tests need and run the suite   (starts a real Kafka broker)
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -12,6 +12,7 @@ VENV ?= .venv
 EXTRAS ?= dev,kafka,streams,objectstore
 MODEL_EXTRAS ?= trainer,lora,inference-cpu
 PYTEST_ARGS ?=
+RUN_ARGS ?=
 comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS)-$(MODEL_EXTRAS))
 
@@ -23,7 +24,7 @@ ifneq ($(WHEELS),)
 export PIP_FIND_LINKS := $(strip $(PIP_FIND_LINKS) $(abspath $(WHEELS)))
 endif
 
-.PHONY: install test bench-bus clean
+.PHONY: install run test bench-bus clean
 
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -37,6 +38,9 @@ $(STAMP): pyproject.toml
 	touch $@
 
 install: $(STAMP)
+
+run: install
+	$(VENV)/bin/rollwire run $(RUN_ARGS)
 
 test: install
 	$(VENV)/bin/python deploy/kafka/broker.py fetch >/dev/null

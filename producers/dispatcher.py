@@ -1,7 +1,8 @@
 """The dispatcher: hands out tasks from a weighted mix of environments, only as fast as the
 trainer's off-policy budget allows.
 
-    reads:  <prefix>.train (steps: rollouts trained), <prefix>.drops (rollouts dropped)
+    reads:  <prefix>.train (steps: rollouts trained), <prefix>.drops (rollouts dropped),
+            <prefix>.weights (versions published), <prefix>.fleet (which version each replica serves)
     writes: <prefix>.tasks (TaskAssigned, key: group id)
 
 Pacing. A rollout issued now is trained after every rollout already in flight; with
@@ -14,6 +15,12 @@ before issuing a group keeps the lag within `max_off_policy` (the trainer still 
 slips past it, e.g. after a slow group). `max_off_policy = 0` makes the loop synchronous: one
 step's worth of work at a time. In flight = rollouts issued - rollouts trained - rollouts dropped.
 (Rollouts dead-lettered downstream are not counted back; each one narrows the budget by one.)
+
+A rollout also starts behind when the fleet has not loaded the trainer's newest weights yet.
+Once replicas report on the fleet topic, no group is issued while the oldest version a running
+replica serves is more than `max_off_policy` behind the newest published version (so the
+synchronous loop waits for the reload, as it should); with no replica reports, only the budget
+applies.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from rollwire.schemas.envelope import Codec
 from rollwire.schemas.rollout import SamplingParams, TaskAssigned
 from rollwire.schemas.topics import Topics
 from rollwire.schemas.training import RolloutsDropped, TrainStepCompleted
+from rollwire.schemas.weights import ReplicaStatus, WeightsPublished
 
 
 class EnvironmentMix(BaseModel):
@@ -72,8 +80,12 @@ class Dispatcher:
             raise ValueError("the dispatcher needs at least one environment")
         self.topics, self.mix, self.settings = topics, mix, settings
         self.producer = EventProducer(log.producer(), topics, name="dispatcher")
-        starts = {(t, p): 0 for t in (topics.train, topics.drops) for p in range(log.partitions(t))}
-        self.progress = log.reader([topics.train, topics.drops], AtOffsets(starts))
+        watched = (topics.train, topics.drops, topics.weights, topics.fleet)
+        starts = {(t, p): 0 for t in watched for p in range(log.partitions(t))}
+        self.progress = log.reader(list(watched), AtOffsets(starts))
+        self.served: dict[str, int] = {}
+        """Version each running replica serves (from its latest status)."""
+        self.published_version = 0
         self.rows: dict[str, Iterator[dict]] = {env.name: itertools.cycle(taskset.rows()) for env, taskset in mix}
         self.rng = random.Random(settings.seed)
         self.issued = self.accounted = 0
@@ -104,12 +116,24 @@ class Dispatcher:
                 self.policy_version = max(self.policy_version, event.policy_version)
             elif isinstance(event, RolloutsDropped):
                 self.accounted += len(event.rollout_ids)
+            elif isinstance(event, WeightsPublished):
+                self.published_version = max(self.published_version, event.version)
+            elif isinstance(event, ReplicaStatus):
+                if event.state == "stopped":
+                    self.served.pop(event.replica_id, None)
+                else:
+                    self.served[event.replica_id] = event.serving_version or 0
+
+    @property
+    def fleet_caught_up(self) -> bool:
+        """Whether every running replica serves a version within `max_off_policy` of the newest published."""
+        return not self.served or min(self.served.values()) >= self.published_version - self.settings.max_off_policy
 
     def step(self, timeout_s: float = 0.5) -> int:
         """Issues every group that fits the budget now; returns how many."""
         self._read_progress(timeout_s)
         issued = 0
-        while True:
+        while self.fleet_caught_up:
             env = self.rng.choices([e for e, _ in self.mix], weights=[e.weight for e, _ in self.mix])[0]
             if not may_issue(self.in_flight, env.group_size, self.settings.max_off_policy,
                              self.settings.batch_rollouts):

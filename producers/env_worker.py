@@ -11,14 +11,21 @@ the reason, never trained); the worker goes on. A task naming an unknown environ
 dead-lettered. Offsets are committed after a group's events are flushed.
 
 Harnesses (`rollwire.producers.harnesses`): completion, multi-turn chat with tools, and unmodified
-agent scripts behind an OpenAI-compatible endpoint.
+agent scripts behind an OpenAI-compatible endpoint. The taskset's harness runs in the configured
+runtime (`rollwire.producers.runtimes`: in process, or in a subprocess that reaches the model
+through the rollout's interception URL); a harness passed to the worker runs in process.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import logging
+import math
+import random
+import threading
 import time
+from collections.abc import Callable
+from typing import Literal
 
 from opentelemetry.trace import Status, StatusCode
 from pydantic import BaseModel, ConfigDict, Field
@@ -27,7 +34,8 @@ from rollwire import telemetry
 from rollwire.bus import DeadLetters, EventConsumer, EventLog, EventProducer
 from rollwire.consumers.vllm_control import VllmControl, VllmError
 from rollwire.producers.assembly import assemble
-from rollwire.producers.harnesses import HARNESSES, Harness, HarnessTimeout
+from rollwire.producers.harnesses import Harness, HarnessTimeout
+from rollwire.producers.runtimes import RUNTIMES, Runtime
 from rollwire.producers.interception import Interceptor
 from rollwire.producers.tasksets import RolloutView, Taskset
 from rollwire.schemas.base import now_ms
@@ -43,6 +51,32 @@ from rollwire.schemas.topics import Topics
 
 logger = logging.getLogger(__name__)
 
+class SimulatedLatency(BaseModel):
+    """A delay drawn for every rollout before its harness runs: rehearses slow environments (tool
+    calls, sandboxes, human-paced agents) for benchmarks and capacity planning. Off by default."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    distribution: Literal["lognormal", "pareto"] = "lognormal"
+    """`lognormal`: median `scale_s`, shape `sigma`; `pareto`: minimum `scale_s`, tail index `alpha`."""
+    scale_s: float = Field(default=0.2, gt=0)
+    """Median (lognormal) or minimum (pareto) delay in seconds."""
+    sigma: float = Field(default=1.0, gt=0)
+    """Lognormal shape: 1.0 puts the 99th percentile at ~10x the median."""
+    alpha: float = Field(default=1.5, gt=0)
+    """Pareto tail index: smaller is heavier (below 2 the variance is infinite)."""
+    max_s: float = Field(default=60.0, gt=0)
+    """Cap on one delay."""
+    seed: int | None = None
+    """Seed of the draws; None for a fresh one."""
+
+    def sampler(self) -> Callable[[], float]:
+        rng = random.Random(self.seed)
+        if self.distribution == "lognormal":
+            return lambda: min(self.max_s, rng.lognormvariate(math.log(self.scale_s), self.sigma))
+        return lambda: min(self.max_s, self.scale_s * rng.paretovariate(self.alpha))
+
+
 class EnvWorkerSettings(BaseModel):
     """Settings of one env worker."""
 
@@ -54,10 +88,37 @@ class EnvWorkerSettings(BaseModel):
     """Rollouts in flight at once in this worker."""
     rollout_timeout_s: float = Field(default=120.0, gt=0)
     """A rollout still running after this long is published errored (`timeout`)."""
+    runtime: Literal["in-process", "subprocess"] = "in-process"
+    """Where the taskset's harness runs (`rollwire.producers.runtimes`)."""
+    simulated_latency: SimulatedLatency | None = None
+    """Add a random delay to every rollout (benchmarks); None in real runs."""
     tasks_per_poll: int = Field(default=4, ge=1)
     """Tasks taken from the log at once; their groups' rollouts share the `concurrency` slots."""
     name: str = "env-worker"
     """Producer name in event envelopes."""
+
+
+def trace_nodes(interceptor: Interceptor, branches: list[int]) -> list[TraceNode]:
+    """The rollout's message graph: messages as the model first saw them, each inference call, each
+    reply, in order, one chain; a call's branch (from assembly) also marks the messages that led to it."""
+    nodes: list[dict] = []
+    pending: list[dict] = []  # messages waiting for the branch of the call they lead to
+    for kind, item in interceptor.events:
+        node = {"node_id": len(nodes), "parent_id": len(nodes) - 1 if nodes else None,
+                "branch": nodes[-1]["branch"] if nodes else 0}
+        if kind == "call":
+            node.update(kind="llm_call", call=interceptor.calls[item],
+                        branch=branches[item] if item < len(branches) else 0)
+            for message in pending:
+                message["branch"] = node["branch"]
+            pending = []
+        else:
+            node.update(kind="tool_result" if item["role"] == "tool" else "message", role=item["role"],
+                        content=item["content"])
+            if item["role"] != "assistant":
+                pending.append(node)
+        nodes.append(node)
+    return [TraceNode(**node) for node in nodes]
 
 
 class EnvWorker:
@@ -70,6 +131,10 @@ class EnvWorker:
         self.consumer = EventConsumer(log.consumer([topics.tasks], self.settings.group_id),
                                       DeadLetters(self.producer, self.settings.name), group=self.settings.group_id)
         self.pool = concurrent.futures.ThreadPoolExecutor(self.settings.concurrency, thread_name_prefix="rollout")
+        self.runtime: Runtime = RUNTIMES[self.settings.runtime]()
+        latency = self.settings.simulated_latency
+        self._delay = latency.sampler() if latency else None
+        self._delay_lock = threading.Lock()
 
     def step(self, timeout_s: float = 1.0) -> int:
         """Runs the groups of the tasks that arrive within `timeout_s`; returns rollouts published.
@@ -132,9 +197,16 @@ class EnvWorker:
     def _rollout(self, task: TaskAssigned, taskset: Taskset, index: int) -> tuple[RolloutCompleted, TraceRecorded]:
         interceptor = Interceptor(self.control, task.sampling, model=self.model)
         started = time.perf_counter()
-        harness = self.harness or HARNESSES[taskset.harness]
+        if self._delay is not None:
+            with self._delay_lock:
+                delay = self._delay()
+            time.sleep(delay)
         try:
-            answer = harness(task.task, interceptor)
+            if self.harness is not None:
+                answer = self.harness(task.task, interceptor)
+            else:
+                answer = self.runtime.run(taskset.harness, task.task, interceptor,
+                                          timeout_s=self.settings.rollout_timeout_s)
         except Exception as exc:  # harness code is user code: report it on the rollout
             kind = ("inference" if isinstance(exc, VllmError) else
                     "timeout" if isinstance(exc, HarnessTimeout) else "harness_crash")
@@ -155,9 +227,8 @@ class EnvWorker:
             timings=RolloutTimings(queued_s=max(0.0, (now_ms() - task.issued_at_ms) / 1000 - ran),
                                    inference_s=inference, environment_s=max(0.0, ran - inference),
                                    scoring_s=time.perf_counter() - judged_at))
-        nodes = [TraceNode(node_id=i, parent_id=i - 1 if i else None, branch=b, kind="llm_call", call=c)
-                 for i, (c, b) in enumerate(zip(interceptor.calls, record.branches))]
-        return rollout, TraceRecorded(rollout_id=rollout.rollout_id, group_id=task.group_id, nodes=nodes)
+        return rollout, TraceRecorded(rollout_id=rollout.rollout_id, group_id=task.group_id,
+                                      nodes=trace_nodes(interceptor, record.branches))
 
     @staticmethod
     def _errored(task: TaskAssigned, index: int, kind: str, message: str) -> tuple[RolloutCompleted, TraceRecorded]:
@@ -169,5 +240,6 @@ class EnvWorker:
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+        self.runtime.close()
         self.consumer.close()
         self.producer.close()

@@ -29,6 +29,10 @@ class Interceptor:
         self.control, self.sampling, self.model = control, sampling, model
         self.calls: list[InferenceCall] = []
         self.finish_reason: str | None = None
+        self.events: list[tuple[str, dict | int]] = []
+        """The rollout as it happened, for its trace: `("message", {"role", "content"})` for each chat
+        message the model was shown for the first time and each reply, `("call", i)` for `calls[i]`."""
+        self._shown: list[dict] = []
         self._lock = threading.Lock()
 
     def complete(self, prompt: str) -> str:
@@ -42,7 +46,17 @@ class Interceptor:
         rendered = self.control._request("POST", "/v1/chat/completions/render",
                                          {"model": self.model or "policy", "messages": messages,
                                           "add_generation_prompt": True})
-        return self.complete_ids(rendered["token_ids"], stop_token_ids=self._end_of_turn())
+        messages = [{"role": m.get("role"), "content": m.get("content") or ""} for m in messages]
+        with self._lock:  # messages not shown before (all of them when the history was edited)
+            shown = self._shown
+            new = messages[len(shown):] if messages[: len(shown)] == shown else messages
+            self.events += [("message", m) for m in new]
+        text = self.complete_ids(rendered["token_ids"], stop_token_ids=self._end_of_turn())
+        reply = {"role": "assistant", "content": text}
+        with self._lock:
+            self.events.append(("message", reply))
+            self._shown = messages + [reply]
+        return text
 
     def _end_of_turn(self) -> list[int]:
         ids = self.control._request("POST", "/tokenize", {"prompt": END_OF_TURN, "add_special_tokens": False})["tokens"]
@@ -71,6 +85,7 @@ class Interceptor:
             finish_reason=choice.get("finish_reason"), latency_s=time.perf_counter() - started)
         with self._lock:
             self.calls.append(call)
+            self.events.append(("call", len(self.calls) - 1))
             self.finish_reason = call.finish_reason
         if choice.get("finish_reason") == "stop" and (choice.get("stop_reason") is None
                                                      or choice.get("stop_reason") in (stop_token_ids or [])):

@@ -2,6 +2,7 @@
 
     base_url = server.open(interceptor)   ->  http://127.0.0.1:PORT/rollouts/<token>/v1
     POST <base_url>/chat/completions       ->  interceptor.chat(messages): recorded in tokens
+    POST <base_url>/completions            ->  interceptor.complete(prompt): raw text, recorded in tokens
     server.close(base_url)                 ->  the URL stops answering (404)
 
 The agent sees a normal chat-completions API; sampling settings come from the task (whatever
@@ -18,6 +19,10 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from rollwire.producers.interception import Interceptor
+
+
+CHAT = ["v1", "chat", "completions"]
+COMPLETIONS = ["v1", "completions"]
 
 
 class InterceptionServer:
@@ -54,24 +59,29 @@ class InterceptionServer:
                 parts = self.path.strip("/").split("/")
                 with server._lock:
                     interceptor = server._rollouts.get(parts[1]) if len(parts) >= 2 else None
-                if interceptor is None or parts[0] != "rollouts" or parts[2:] != ["v1", "chat", "completions"]:
+                route = parts[2:]
+                if interceptor is None or parts[0] != "rollouts" or route not in (CHAT, COMPLETIONS):
                     return self._answer(404, {"error": {"message": f"no such rollout endpoint: {self.path}"}})
+                chat = route == CHAT
                 try:
                     body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-                    text = interceptor.chat(body["messages"])
+                    text = interceptor.chat(body["messages"]) if chat else interceptor.complete(body["prompt"])
                 except (ValueError, KeyError, TypeError) as exc:
-                    return self._answer(400, {"error": {"message": f"not a chat completions request: {exc}"}})
+                    kind = "chat completions" if chat else "completions"
+                    return self._answer(400, {"error": {"message": f"not a {kind} request: {exc}"}})
                 except Exception as exc:  # the fleet failed: tell the agent, as an API would
                     return self._answer(502, {"error": {"message": f"inference failed: {exc}"}})
+                finish = interceptor.finish_reason or "stop"
+                choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
+                          if chat else {"index": 0, "text": text, "finish_reason": finish})
+                last = interceptor.calls[-1]
                 self._answer(200, {
-                    "id": f"chatcmpl-{secrets.token_hex(6)}", "object": "chat.completion", "created": int(time.time()),
-                    "model": body.get("model", "policy"),
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                                 "finish_reason": interceptor.finish_reason or "stop"}],
-                    "usage": {"prompt_tokens": len(interceptor.calls[-1].prompt_token_ids),
-                              "completion_tokens": len(interceptor.calls[-1].completion_token_ids),
-                              "total_tokens": len(interceptor.calls[-1].prompt_token_ids)
-                              + len(interceptor.calls[-1].completion_token_ids)}})
+                    "id": f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(6)}",
+                    "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+                    "model": body.get("model", "policy"), "choices": [choice],
+                    "usage": {"prompt_tokens": len(last.prompt_token_ids),
+                              "completion_tokens": len(last.completion_token_ids),
+                              "total_tokens": len(last.prompt_token_ids) + len(last.completion_token_ids)}})
 
             def _answer(self, status: int, payload: dict) -> None:
                 data = json.dumps(payload).encode()

@@ -130,6 +130,12 @@ def register_taskset(cls: type[Taskset]) -> type[Taskset]:
     return cls
 
 
+def known_tasksets() -> list[str]:
+    """Names of the registered tasksets (the built-in ones included)."""
+    import rollwire.producers.environments  # noqa: F401 - registers the built-in tasksets
+    return sorted(_REGISTRY)
+
+
 def load_taskset(name: str, **options: Any) -> Taskset:
     """The registered taskset `name`, built with `options`."""
     import rollwire.producers.environments  # noqa: F401 - registers the built-in tasksets

@@ -60,6 +60,9 @@ class TrainStepCompleted(Event):
     """Mean of each environment metric (e.g. `completion_tokens`) over the step's rollouts."""
     skipped_reason: str | None = None
     """Why the optimizer did not step (e.g. a NaN loss); None when it stepped."""
+    wait_s: float = Field(default=0.0, ge=0.0)
+    """Seconds the trainer waited for this step's batch after finishing the previous step (for the
+    first step of a process: since it started). Over a run, the trainer's idle time."""
     completed_at_ms: int = Field(default_factory=now_ms)
     """When the step finished (epoch ms)."""
 

@@ -101,6 +101,7 @@ class Trainer:
         vocab = self.model.get_input_embeddings().num_embeddings
         self.consumer = BatchConsumer(log, topics, settings.batch, vocab_size=vocab, positions=self.state.positions,
                                       seen=self.state.seen, producer=self.producer)
+        self._ready_since = time.monotonic()
         if previous is not None:
             logger.info("resuming at step %d (version %d) from %s", self.state.step, self.state.version, previous)
             if not checkpoint.outbox_sent(previous):  # the previous run stopped between Steps 5 and 6
@@ -130,6 +131,7 @@ class Trainer:
         batch = self.consumer.next_batch(self.state.version, timeout_s=timeout_s)
         if batch is None:
             return None
+        waited = time.monotonic() - self._ready_since
         with telemetry.tracer().start_as_current_span(
                 "trainer step", links=telemetry.links_for(batch.headers),
                 attributes={"messaging.batch.message_count": len(batch.rollouts),
@@ -147,7 +149,7 @@ class Trainer:
                                                               attributes={"rollwire.weight_version": self.state.version}):
                     weights = self._publish_weights()
             # Step 4
-            event = self._step_event(batch, result)
+            event = self._step_event(batch, result, waited)
             self.state.outbox = [self._entry(self.topics.train, self.settings.policy, event)]
             if weights is not None:
                 self.state.outbox.append(self._entry(self.topics.weights, self.settings.policy, weights))
@@ -161,6 +163,7 @@ class Trainer:
                                     keep=self.settings.keep_checkpoints)
             # Step 6
             self._send_outbox(saved)
+        self._ready_since = time.monotonic()
         logger.info("step %d: loss %s, reward %.3f, %d rollouts, staleness max %d", event.step, event.loss,
                     event.reward_mean, len(batch.rollouts), batch.staleness.max)
         return event
@@ -176,7 +179,7 @@ class Trainer:
                                 uri=done.uri, format="lora" if lora else "full", manifest_sha256=done.manifest_sha256,
                                 base_model=self.settings.model.path, size_bytes=done.size_bytes)
 
-    def _step_event(self, batch: Batch, result: StepResult) -> TrainStepCompleted:
+    def _step_event(self, batch: Batch, result: StepResult, waited: float) -> TrainStepCompleted:
         return TrainStepCompleted(
             policy=self.settings.policy, step=self.state.step, policy_version=self.state.version,
             rollout_ids=[s.rollout.rollout_id for s in batch.rollouts], loss=result.loss,
@@ -184,7 +187,8 @@ class Trainer:
             tokens_per_s=result.num_tokens / max(result.seconds, 1e-9), grad_norm=result.grad_norm,
             staleness=batch.staleness, drops={k: len(v) for k, v in batch.drops.items()},
             rewards_mean=_means([{**s.rollout.rewards, **s.group_rewards} for s in batch.rollouts]),
-            metrics_mean=_means([s.rollout.metrics for s in batch.rollouts]), skipped_reason=result.skipped_reason)
+            metrics_mean=_means([s.rollout.metrics for s in batch.rollouts]), skipped_reason=result.skipped_reason,
+            wait_s=waited)
 
     @staticmethod
     def _entry(topic: str, key: str, event) -> dict:

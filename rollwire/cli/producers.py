@@ -48,6 +48,9 @@ def add_env_worker(sub) -> None:
                         help="taskset option, e.g. math-word.path=data.jsonl (repeatable)")
     worker.add_argument("--agent-command", help="run this agent program for every rollout instead of the taskset's "
                                                 "harness; it gets OPENAI_BASE_URL and ROLLWIRE_TASK")
+    worker.add_argument("--runtime", choices=["in-process", "subprocess"], default="in-process",
+                        help="where the taskset's harness runs: in this process, or in a child process per rollout "
+                             "that reaches the model through the rollout's interception URL (default: %(default)s)")
     worker.add_argument("--concurrency", type=int, default=8, help="rollouts at once (default: %(default)s)")
     worker.add_argument("--exit-when-idle", type=float, metavar="SECONDS", help="stop after SECONDS without tasks")
     add_bus_options(worker)
@@ -114,7 +117,7 @@ def cmd_env_worker(args: argparse.Namespace) -> int:
     with open_log(bus_settings(args)) as log:
         log.create_topics(catalog_topics(topics))
         worker = EnvWorker(log, topics, VllmControl(args.base_url), tasksets,
-                           EnvWorkerSettings(concurrency=args.concurrency), harness=harness)
+                           EnvWorkerSettings(concurrency=args.concurrency, runtime=args.runtime), harness=harness)
         idle_since = time.monotonic()
         try:
             while args.exit_when_idle is None or time.monotonic() - idle_since < args.exit_when_idle:

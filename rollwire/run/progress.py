@@ -31,7 +31,7 @@ def metrics_row(event: TrainStepCompleted, produced_at_ms: int) -> dict:
             "staleness_mean": staleness.mean if staleness else None, "drops": event.drops,
             **{f"reward/{k}": v for k, v in event.rewards_mean.items()},
             **{f"metric/{k}": v for k, v in event.metrics_mean.items()},
-            "time_ms": produced_at_ms, "skipped_reason": event.skipped_reason}
+            "wait_s": event.wait_s, "time_ms": produced_at_ms, "skipped_reason": event.skipped_reason}
 
 
 @dataclass
@@ -47,6 +47,9 @@ class RunProgress:
     replica_state: dict[str, str] = field(default_factory=dict)
     rollouts: int = 0
     errored: int = 0
+    unreadable: int = 0
+    """Events this display could not decode (the components dead-letter theirs; here they are counted)."""
+    last_error: str | None = None
 
     def __post_init__(self) -> None:
         self._codec = Codec()
@@ -66,7 +69,9 @@ class RunProgress:
                 continue
             try:
                 envelope = self._codec.decode(record.value)
-            except Exception:  # the components dead-letter bad events; the display just skips them
+            except Exception as exc:  # the components dead-letter bad events; the display counts them
+                self.unreadable += 1
+                self.last_error = f"{record.topic}@{record.offset}: {exc}"
                 continue
             event = envelope.event
             if isinstance(event, TrainStepCompleted):
@@ -103,7 +108,8 @@ class RunProgress:
     def summary(self) -> str:
         """One line: where the run is."""
         if not self.rows:
-            return f"waiting for the first step · {self.rollouts} rollouts so far"
+            unreadable = f" · {self.unreadable} unreadable events (last: {self.last_error})" if self.unreadable else ""
+            return f"waiting for the first step · {self.rollouts} rollouts so far{unreadable}"
         last = self.rows[-1]
         parts = [f"step {last['step']}", f"reward {last['reward_mean']:.3f}",
                  f"last-10 {self.mean_reward(last=10):.3f}"]
@@ -111,7 +117,9 @@ class RunProgress:
             parts.append(f"staleness max {last['staleness_max']} mean {last['staleness_mean']:.2f}")
         if (rate := self.throughput()) is not None:
             parts.append(f"{rate:.0f} rollouts/s")
-        parts.append("serving " + ", ".join(f"v{v}" for v in self.serving.values()) if self.serving else "no replica yet")
+        parts.append("serving " + ", ".join(f"v{v or 0}" for v in self.serving.values()) if self.serving else "no replica yet")
+        if self.unreadable:
+            parts.append(f"{self.unreadable} unreadable events (last: {self.last_error})")
         return " · ".join(parts)
 
     def table(self, total_steps: int, phase: str) -> Table:
@@ -133,8 +141,10 @@ class RunProgress:
             rate = self.throughput()
             table.add_row("throughput", f"{rate:.1f} rollouts/s trained" if rate else "…")
         table.add_row("rollouts", f"{self.rollouts} published · {self.errored} errored")
-        table.add_row("serving", ", ".join(f"{rid} v{v if v is not None else '-'} ({self.replica_state[rid]})"
+        table.add_row("serving", ", ".join(f"{rid} v{v or 0} ({self.replica_state[rid]})"
                                            for rid, v in self.serving.items()) or "starting")
+        if self.unreadable:
+            table.add_row("[red]unreadable", f"{self.unreadable} events, last: {self.last_error}")
         return table
 
     def close(self) -> None:

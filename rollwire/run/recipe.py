@@ -21,6 +21,7 @@ from rollwire.bus import EmbeddedBusSettings, KafkaBusSettings
 from rollwire.errors import ConfigError
 from rollwire.objectstore import LocalStoreSettings, S3StoreSettings
 from rollwire.producers.dispatcher import EnvironmentMix
+from rollwire.producers.env_worker import SimulatedLatency
 from rollwire.streams.scoring import ScorerSettings
 from rollwire.telemetry import TelemetrySettings
 from rollwire.trainer.warmstart import WarmStartSettings
@@ -75,6 +76,10 @@ class EnvWorkersRecipe(_Section):
     """Rollouts in flight per worker."""
     tasks_per_poll: int = Field(default=4, ge=1)
     """Groups a worker takes from the log at once."""
+    runtime: Literal["in-process", "subprocess"] = "in-process"
+    """Where harnesses run (`rollwire.producers.runtimes`)."""
+    simulated_latency: SimulatedLatency | None = None
+    """A random delay before every rollout, to rehearse slow environments (benchmarks); None: off."""
 
 
 class InferenceRecipe(_Section):
@@ -137,6 +142,15 @@ class RunRecipe(_Section):
             raise ValueError(f"warm_start.environment = {self.warm_start.environment!r} is not one of the "
                              f"recipe's environments ({', '.join(names)})")
         self.trainer_settings()  # fails here, at load time, on a bad [trainer] table
+        try:
+            self.bus_settings()
+        except ValidationError as exc:
+            raise ValueError(f"[bus] table: {exc.errors()[0]['msg']}") from None
+        from rollwire.producers.tasksets import known_tasksets
+        unknown = [n for n in names if n not in known_tasksets()]
+        if unknown:
+            raise ValueError(f"unknown environment {unknown[0]!r} in [[environments]]; known: "
+                             f"{', '.join(sorted(known_tasksets()))}")
         return self
 
     # -- what each component gets -------------------------------------------------------------

@@ -78,7 +78,9 @@ def run_env_worker(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
     from rollwire.producers.tasksets import load_taskset
     tasksets = {e.name: load_taskset(e.name, **e.options) for e in recipe.environments}
     settings = EnvWorkerSettings(concurrency=recipe.env_workers.concurrency, name=f"env-worker-{index}",
-                                 tasks_per_poll=recipe.env_workers.tasks_per_poll)
+                                 tasks_per_poll=recipe.env_workers.tasks_per_poll,
+                                 simulated_latency=recipe.env_workers.simulated_latency,
+                                 runtime=recipe.env_workers.runtime)
     worker = EnvWorker(log, topics, VllmControl(base_url(recipe)), tasksets, settings)
     try:
         while True:

@@ -107,7 +107,7 @@ def _wait_for_server(supervisor: Supervisor, recipe: RunRecipe, console: Console
 
 
 def run(recipe: RunRecipe, *, metrics_out: Path | None = None, console: Console | None = None) -> RunResult:
-    console = console or Console()
+    console = console or Console(soft_wrap=True)
     started = time.monotonic()
     # Step 1
     recipe_json = resolve(recipe)
@@ -169,9 +169,12 @@ def _follow(supervisor: Supervisor, progress: RunProgress, recipe: RunRecipe, co
                     live.console.print(f"[yellow]{line}")
                 live.update(progress.table(recipe.steps, "training"))
         return
-    while not trainer_done():  # not a terminal (CI, a pipe): one line per step
-        for row in progress.poll(0.5):
-            console.print(progress.summary() if row is progress.rows[-1] else f"step {row['step']}")
+    reported = time.monotonic()
+    while not trainer_done():  # not a terminal (CI, a pipe): one line per step, or a minute of silence
+        new = progress.poll(0.5)
+        if new or time.monotonic() - reported > 60:
+            console.print(progress.summary())
+            reported = time.monotonic()
         for line in supervisor.check():
             console.print(line)
     progress.poll(0.5)

@@ -30,13 +30,15 @@ def fresh_log(path, prefix: str):
     return log, topics
 
 
-def send_tasks(log, topics, environment: str, rows, *, group_size: int, max_tokens: int) -> None:
+def send_tasks(log, topics, environment: str, rows, *, group_size: int, max_tokens: int,
+               temperature: float = 1.0) -> None:
     """One task per row, as the dispatcher would send it."""
     producer = EventProducer(log.producer(), topics, name="dispatcher")
+    sampling = SamplingParams(max_tokens=max_tokens, temperature=temperature)
     for row in rows:
         producer.send(topics.tasks, TaskAssigned(task_id=row["task_id"], environment=environment, algorithm="grpo",
                                                  group_size=group_size, task=row, policy_version=0,
-                                                 sampling=SamplingParams(max_tokens=max_tokens)), key=row["task_id"])
+                                                 sampling=sampling), key=row["task_id"])
     producer.close()
 
 
@@ -104,6 +106,67 @@ def test_a_chat_taskset_runs_through_the_chat_harness_and_records_its_trace(vllm
     for trace in traces:
         calls = [n for n in trace.nodes if n.kind == "llm_call"]
         assert calls and calls[0].call.prompt_token_ids == rendered and all(n.branch == 0 for n in calls)
+
+
+TOOL_CONVERSATION = [{"role": "system", "content": "calc"}, {"role": "user", "content": "What is 6 * 7?"},
+                     {"role": "assistant", "content": "CALL calculator(6 * 7)"}, {"role": "tool", "content": "42"},
+                     {"role": "assistant", "content": "42"}]
+
+
+def tool_caller(tokenizer, path):
+    """A tiny model overfitted to TOOL_CONVERSATION, so that greedy decoding really calls the tool."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rollwire.trainer.tiny import build_tiny_model
+    build_tiny_model(path, tokenizer, seed=5)  # the served architecture; weights trained below
+    model = AutoModelForCausalLM.from_pretrained(path)
+    ids = torch.tensor([tokenizer.apply_chat_template(TOOL_CONVERSATION, tokenize=True)["input_ids"]])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(300):
+        loss = model(input_ids=ids, labels=ids).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert loss.item() < 0.05, loss.item()
+    model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+@pytest.mark.parametrize("runtime", ["in-process", "subprocess"])
+def test_a_model_that_calls_the_tool_leaves_a_multi_turn_trace(vllm_server, tiny_models, version_base, tmp_path,
+                                                               runtime):
+    model = tool_caller(tiny_models.tokenizer, tmp_path / "tool-caller")
+    vllm_server.control.swap_full_weights(str(model), str(version_base))
+    log, topics = fresh_log(tmp_path / "log", "tool")
+    row = {"task_id": "t1", "reference": 42.0, "messages": TOOL_CONVERSATION[:2]}
+    send_tasks(log, topics, "calculator", [row], group_size=1, max_tokens=32, temperature=0.0)
+    worker = EnvWorker(log, topics, vllm_server.control, {"calculator": load_taskset("calculator")},
+                       EnvWorkerSettings(runtime=runtime))
+    assert sum(worker.step(timeout_s=1) for _ in range(10)) == 1
+    worker.close()
+    [rollout], [trace] = read(log, topics.rollouts), read(log, topics.traces)
+
+    assert rollout.error is None and rollout.rewards["correct"] == 1.0  # "42", computed by the tool
+    nodes = [(n.kind, n.role, n.content) for n in trace.nodes]
+    assert nodes == [("message", "system", "calc"), ("message", "user", "What is 6 * 7?"), ("llm_call", None, ""),
+                     ("message", "assistant", "CALL calculator(6 * 7)"), ("tool_result", "tool", "42"),
+                     ("llm_call", None, ""), ("message", "assistant", "42")]
+    assert [n.parent_id for n in trace.nodes] == [None, 0, 1, 2, 3, 4, 5] and {n.branch for n in trace.nodes} == {0}
+    first, second = trace.nodes[2].call, trace.nodes[5].call
+    # the second call's prompt is the first call's tokens, as sampled, then the tool turn: one sequence
+    assert second.prompt_token_ids[: len(first.prompt_token_ids) + len(first.completion_token_ids)] == \
+        first.prompt_token_ids + first.completion_token_ids
+    tool_turn = second.prompt_token_ids[len(first.prompt_token_ids) + len(first.completion_token_ids):]
+    assert tiny_models.tokenizer.decode(tool_turn) == "\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n"
+    assert rollout.prompt_token_ids == first.prompt_token_ids
+    assert rollout.completion_token_ids == first.completion_token_ids + tool_turn + second.completion_token_ids
+    assert rollout.loss_mask == [1] * len(first.completion_token_ids) + [0] * len(tool_turn) + \
+        [1] * len(second.completion_token_ids)
+    assert rollout.completion_logprobs == pytest.approx(
+        [lp if m else 0.0 for lp, m in zip(transformers_logprobs(model, rollout.prompt_token_ids,
+                                                                 rollout.completion_token_ids), rollout.loss_mask)],
+        abs=1e-3)
 
 
 def test_the_env_worker_command_runs_an_agent_program_for_every_rollout(vllm_server, tiny_models, version_base,

@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1800)]  # whole runs, each its own vLLM
 
 SHORT = """
 name = "{name}"
@@ -60,6 +60,21 @@ def _recipe(folder: Path, name: str, steps: int) -> Path:
 def _start(*args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "rollwire", "run", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "200"})
+
+
+def _finish(process: subprocess.Popen, timeout_s: float) -> str:
+    """Waits for `rollwire run` to end; if the test gives up first, stops it as Ctrl-C would, then kills."""
+    try:
+        return process.communicate(timeout=timeout_s)[0]
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                for child in psutil.Process(process.pid).children(recursive=True):
+                    child.kill()
+                process.kill()
 
 
 def _metrics(path: Path) -> list[dict]:
@@ -111,12 +126,12 @@ def interrupted_run(tmp_path_factory) -> dict:
         time.sleep(0.5)
     _wait_for_steps(first, metrics, 3)
     first.send_signal(signal.SIGINT)
-    first_output, _ = first.communicate(timeout=120)
+    first_output = _finish(first, 120)
     (folder / "first.out").write_text(first_output)
     leftovers = _processes_of(run_dir)
     steps_at_interrupt = len(_metrics(metrics))
     second = _start(str(recipe), "--run-dir", str(run_dir))
-    second_output, _ = second.communicate(timeout=600)
+    second_output = _finish(second, 600)
     (folder / "second.out").write_text(second_output)
     return {"run_dir": run_dir, "metrics": metrics, "first_code": first.returncode, "first_output": first_output,
             "leftovers": leftovers, "steps_at_interrupt": steps_at_interrupt, "second_code": second.returncode,
@@ -204,7 +219,7 @@ def test_the_same_recipe_runs_on_kafka(tmp_path, kafka_bootstrap):
     name = f"kafkarun{int(time.time() * 1000) % 10**8}"
     recipe = _recipe(tmp_path, name, steps=3)
     done = _start(str(recipe), "--run-dir", str(tmp_path / name), "--bus", "kafka", "--bootstrap", kafka_bootstrap)
-    output, _ = done.communicate(timeout=600)
+    output = _finish(done, 600)
     assert done.returncode == 0, output
     assert [r["step"] for r in _metrics(tmp_path / name / "metrics.jsonl")] == [1, 2, 3]
     assert not (tmp_path / name / "log").exists()  # nothing went to the embedded log
@@ -222,7 +237,7 @@ def test_demo_learns(tmp_path):
     """The README's run command, unchanged but for where it writes: the bundled demo."""
     run_dir = tmp_path / "demo"
     done = _start("--run-dir", str(run_dir))
-    output, _ = done.communicate(timeout=1500)
+    output = _finish(done, 1500)
     assert done.returncode == 0, output
     rows = _metrics(run_dir / "metrics.jsonl")
     first10 = sum(r["reward_mean"] for r in rows[:10]) / 10

@@ -47,3 +47,30 @@ def _math(tmp_path):
     path = tmp_path / "gsm.jsonl"
     path.write_text('{"question": "1+1?", "answer": "#### 2"}\n')
     return load_taskset("math-word", path=path)
+
+
+def test_no_group_is_issued_while_the_fleet_serves_weights_older_than_the_budget_allows(tmp_path):
+    from rollwire.schemas.weights import ReplicaStatus, WeightsPublished
+    topics = Topics("f")
+    log = open_log(EmbeddedBusSettings(path=tmp_path / "log"))
+    log.create_topics(catalog_topics(topics))
+    mix = [(EnvironmentMix(name="reverse-digits", group_size=4), load_taskset("reverse-digits", count=50))]
+    dispatcher = Dispatcher(log, topics, mix, DispatcherSettings(max_off_policy=0, batch_rollouts=4))
+    others = EventProducer(log.producer(), topics, name="others")
+    others.send(topics.fleet, ReplicaStatus(replica_id="r0", state="serving"), key="r0")
+    others.flush()
+    assert dispatcher.step() == 1  # version 0 published (the base) and served
+    others.send(topics.train, TrainStepCompleted(step=1, policy_version=1, rollout_ids=["a", "b", "c", "d"]),
+                key="policy")
+    others.send(topics.weights, WeightsPublished(version=1, step=1, uri="file:///w/v1", manifest_sha256="0" * 64),
+                key="policy")
+    others.flush()
+    assert dispatcher.step() == 0  # synchronous: the next batch waits until the replica serves version 1
+    others.send(topics.fleet, ReplicaStatus(replica_id="r0", state="serving", serving_version=1), key="r0")
+    others.flush()
+    assert dispatcher.step() == 1
+    others.send(topics.fleet, ReplicaStatus(replica_id="r0", state="stopped", serving_version=1), key="r0")
+    others.flush()
+    dispatcher.step()
+    assert dispatcher.served == {}  # a stopped replica no longer holds the fleet back
+    dispatcher.close()

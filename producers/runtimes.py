@@ -1,0 +1,151 @@
+"""Runtimes: where harness code runs.
+
+A harness reaches the model only through the client it is handed (`complete(prompt)`,
+`chat(messages)`), so the same harness runs wherever such a client can reach the rollout:
+
+    in-process   the harness runs in the worker's thread and gets the rollout's `Interceptor`
+    subprocess   the harness runs in a child Python process (`python -m rollwire.producers.runtimes`)
+                 and gets an `EndpointClient` for the rollout's interception URL (OpenAI-compatible
+                 `/completions` and `/chat/completions`); its answer comes back on stdout; past the
+                 time limit the child is killed
+
+A container or remote-sandbox runtime is one more `Runtime` with the same contract: start
+something that can reach the interception URL, hand it the task row and the harness reference,
+read back the answer. Tasksets and harnesses do not change: every call is still recorded by the
+rollout's `Interceptor`, on the worker's side of the URL.
+
+Harnesses are referenced by name (`completion`, `chat`) or as `package.module:function`, so that a
+child process can import them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+from rollwire.producers.harnesses import HARNESSES, Harness, HarnessError, HarnessTimeout
+from rollwire.producers.interception import Interceptor
+from rollwire.producers.interception_server import InterceptionServer
+from rollwire.processes import die_with_parent
+
+
+def resolve_harness(reference: str) -> Harness:
+    """A harness by registered name or `package.module:function`."""
+    if reference in HARNESSES:
+        return HARNESSES[reference]
+    module, sep, name = reference.partition(":")
+    if not sep:
+        raise HarnessError(f"unknown harness {reference!r}: use one of {', '.join(sorted(HARNESSES))} "
+                           "or package.module:function")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise HarnessError(f"cannot import harness {reference!r}: {exc}") from exc
+
+
+class Runtime(ABC):
+    """Runs one rollout's harness and returns its final answer text."""
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def run(self, harness: str, row: dict, interceptor: Interceptor, *, timeout_s: float) -> str:
+        """Raises `HarnessTimeout` past `timeout_s`, `HarnessError` (or the harness's own exception) on failure."""
+
+    def close(self) -> None:
+        pass
+
+
+class InProcess(Runtime):
+    """The harness runs in the calling thread (the env worker's rollout pool); the worker enforces the time limit."""
+
+    name = "in-process"
+
+    def run(self, harness: str, row: dict, interceptor: Interceptor, *, timeout_s: float) -> str:
+        return resolve_harness(harness)(row, interceptor)
+
+
+class Subprocess(Runtime):
+    """The harness runs in a child Python process that reaches the model through the rollout's URL."""
+
+    name = "subprocess"
+
+    def __init__(self, server: InterceptionServer | None = None, *, python: str = sys.executable) -> None:
+        self.server = server or InterceptionServer()
+        self._own_server = server is None
+        self.python = python
+
+    def run(self, harness: str, row: dict, interceptor: Interceptor, *, timeout_s: float) -> str:
+        base_url = self.server.open(interceptor)
+        try:
+            env = {**os.environ, "ROLLWIRE_MODEL_URL": base_url, "ROLLWIRE_TASK": json.dumps(row),
+                   "ROLLWIRE_HARNESS": harness}
+            try:
+                done = subprocess.run([self.python, "-m", "rollwire.producers.runtimes"], env=env, capture_output=True,
+                                      text=True, timeout=timeout_s, preexec_fn=die_with_parent)
+            except subprocess.TimeoutExpired as exc:
+                raise HarnessTimeout(f"the harness ran past {timeout_s:g} s in its subprocess and was killed") from exc
+            lines = done.stdout.strip().splitlines()
+            try:
+                result = json.loads(lines[-1]) if lines else {}
+            except ValueError:
+                result = {}
+            if done.returncode != 0 or "answer" not in result:
+                reason = result.get("error") or done.stderr.strip()[-500:] or f"exit code {done.returncode}"
+                raise HarnessError(f"the harness failed in its subprocess: {reason}")
+            return result["answer"]
+        finally:
+            self.server.close(base_url)
+
+    def close(self) -> None:
+        if self._own_server:
+            self.server.shutdown()
+
+
+RUNTIMES = {"in-process": InProcess, "subprocess": Subprocess}
+
+
+class EndpointClient:
+    """What a harness in a child process holds instead of the `Interceptor`: the same two calls,
+    over the rollout's OpenAI-compatible interception URL."""
+
+    def __init__(self, base_url: str, timeout_s: float = 300.0) -> None:
+        self.base_url, self.timeout_s = base_url.rstrip("/"), timeout_s
+
+    def complete(self, prompt: str) -> str:
+        return self._post("/completions", {"model": "policy", "prompt": prompt})["choices"][0]["text"]
+
+    def chat(self, messages: list[dict]) -> str:
+        return self._post("/chat/completions", {"model": "policy", "messages": messages})["choices"][0]["message"]["content"]
+
+    def _post(self, path: str, body: dict) -> dict:
+        request = urllib.request.Request(self.base_url + path, data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            raise HarnessError(f"the interception endpoint answered {exc.code}: {exc.read()[:300]!r}") from exc
+
+
+def _child() -> int:
+    """Entry point of the subprocess runtime: run the harness, print `{"answer": ...}` or `{"error": ...}`."""
+    try:
+        harness = resolve_harness(os.environ["ROLLWIRE_HARNESS"])
+        answer = harness(json.loads(os.environ["ROLLWIRE_TASK"]), EndpointClient(os.environ["ROLLWIRE_MODEL_URL"]))
+    except Exception as exc:  # reported to the worker, which marks the rollout errored
+        print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
+        return 1
+    print(json.dumps({"answer": answer}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_child())
