@@ -17,11 +17,13 @@ Group rewards (functions of the whole group) are named here and applied by the s
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from rollwire.errors import ConfigError
@@ -128,6 +130,49 @@ def register_taskset(cls: type[Taskset]) -> type[Taskset]:
     """Class decorator: makes a taskset loadable by its `name`."""
     _REGISTRY[cls.name] = cls
     return cls
+
+
+def read_rows(source: str | Path, *, split: str = "train", config: str | None = None,
+              data_files: str | list[str] | None = None) -> Iterator[tuple[str, dict]]:
+    """`(where, row)` pairs from a local `.jsonl`, `.json` (a list) or `.parquet` file (needs
+    pyarrow), or from a Hugging Face dataset `hf:OWNER/NAME` (needs `datasets`; `split`, `config`
+    and `data_files` are passed to `datasets.load_dataset`, so `hf:parquet` with local
+    `data_files` works offline). `where` locates the row for error messages (`file:line`)."""
+    text = str(source)
+    if text.startswith("hf:"):
+        try:
+            import datasets
+        except ImportError as exc:
+            raise ConfigError(f"{text} needs the `datasets` package: pip install 'rollwire[datasets]'") from exc
+        rows = datasets.load_dataset(text[3:], config, split=split, data_files=data_files)
+        yield from ((f"{text}[{split}]#{i}", dict(row)) for i, row in enumerate(rows))
+        return
+    path = Path(source)
+    if not path.is_file():
+        raise ConfigError(f"no task file at {path}: give a .jsonl, .json or .parquet file, or hf:OWNER/NAME")
+    if path.suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError as exc:
+            raise ConfigError(f"{path} needs pyarrow to read parquet: pip install pyarrow") from exc
+        yield from ((f"{path}#{i}", row) for i, row in enumerate(pq.read_table(path).to_pylist()))
+        return
+    if path.suffix == ".json":
+        try:
+            rows = json.loads(path.read_text())
+        except ValueError as exc:
+            raise ConfigError(f"{path} is not valid JSON: {exc}") from exc
+        if not isinstance(rows, list):
+            raise ConfigError(f"{path} must hold a JSON list of rows")
+        yield from ((f"{path}#{i}", row) for i, row in enumerate(rows))
+        return
+    with open(path) as lines:
+        for n, line in enumerate(lines, 1):
+            if line.strip():
+                try:
+                    yield f"{path}:{n}", json.loads(line)
+                except ValueError as exc:
+                    raise ConfigError(f"{path}:{n} is not a JSON row: {exc}") from exc
 
 
 def known_tasksets() -> list[str]:

@@ -1,19 +1,22 @@
-"""Math word problems with a numeric answer (GSM8K-style), read from a local JSONL file.
+"""Math word problems with a numeric answer (GSM8K-style), from a local file or a hub dataset.
 
-Each line: `{"question": "...", "answer": "... #### 42"}` (GSM8K's format; the number after
+    load_taskset("math-word", path="data/gsm8k.jsonl")          # .jsonl, .json or .parquet
+    load_taskset("math-word", path="hf:openai/gsm8k", config="main", split="train")
+    load_taskset("math-word", path="hf:parquet", data_files="local/*.parquet")   # datasets, offline
+
+Each row: `{"question": "...", "answer": "... #### 42"}` (GSM8K's format; the number after
 `####` is the reference). The model's answer is the last number in its reply, or the one after
 `####` when it writes one. Rows with no reference number are refused when loading, with the line.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
 
 from rollwire.errors import ConfigError
-from rollwire.producers.tasksets import RolloutView, Taskset, metric, register_taskset, reward
+from rollwire.producers.tasksets import RolloutView, Taskset, metric, read_rows, register_taskset, reward
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
@@ -48,22 +51,23 @@ class MathWord(NumericAnswer):
     name = "math-word"
     harness = "chat"
 
-    def __init__(self, *, path: str | Path) -> None:
-        self.path = Path(path)
-        if not self.path.is_file():
-            raise ConfigError(f"math-word needs a JSONL file of {{question, answer}} rows; {self.path} is missing")
+    def __init__(self, *, path: str | Path, split: str = "train", config: str | None = None,
+                 data_files: str | list[str] | None = None) -> None:
+        self.path, self.split, self.config, self.data_files = path, split, config, data_files
+        if not str(path).startswith("hf:") and not Path(path).is_file():
+            raise ConfigError(f"math-word needs a file of {{question, answer}} rows (.jsonl, .json, .parquet) "
+                              f"or hf:OWNER/NAME; {path} is missing")
 
     def rows(self) -> Iterator[dict]:
-        with open(self.path) as lines:
-            for n, line in enumerate(lines, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                    reference = parse_number(row["answer"])
-                except (ValueError, KeyError, TypeError) as exc:
-                    raise ConfigError(f"{self.path}:{n} is not a {{question, answer}} JSON row: {exc}") from exc
-                if reference is None:
-                    raise ConfigError(f"{self.path}:{n} has no number after '####' in its answer")
-                yield {"task_id": f"{self.path.stem}-{n}", "question": row["question"], "reference": reference,
-                       "messages": [{"role": "user", "content": row["question"]}]}
+        for n, (where, row) in enumerate(read_rows(self.path, split=self.split, config=self.config,
+                                                       data_files=self.data_files), 1):
+            try:
+                reference = parse_number(row["answer"])
+                question = row["question"]
+            except (KeyError, TypeError) as exc:
+                raise ConfigError(f"{where} is not a {{question, answer}} row: missing {exc}") from exc
+            if reference is None:
+                raise ConfigError(f"{where} has no number after '####' in its answer")
+            stem = Path(str(self.path)).stem if not str(self.path).startswith("hf:") else str(self.path)[3:].replace("/", "-")
+            yield {"task_id": f"{stem}-{n}", "question": question, "reference": reference,
+                   "messages": [{"role": "user", "content": question}]}

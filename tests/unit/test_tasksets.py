@@ -33,6 +33,23 @@ def test_math_word_reads_gsm8k_style_lines_and_checks_the_number(tmp_path):
     assert parse_number("no number") is None and parse_number("x #### -3.5") == -3.5
 
 
+def test_math_word_reads_parquet_json_and_hugging_face_datasets_from_local_files(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    rows = [{"question": "1 + 1?", "answer": "#### 2"}, {"question": "2 * 3?", "answer": "it is 6 #### 6"}]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "gsm.parquet")
+    (tmp_path / "gsm.json").write_text(json.dumps(rows))
+    sources = [{"path": tmp_path / "gsm.parquet"}, {"path": tmp_path / "gsm.json"},
+               # datasets.load_dataset itself, on a local file (nothing from the hub)
+               {"path": "hf:parquet", "data_files": str(tmp_path / "gsm.parquet")}]
+    for options in sources:
+        loaded = list(load_taskset("math-word", **options).rows())
+        assert [r["reference"] for r in loaded] == [2.0, 6.0] and loaded[1]["question"] == "2 * 3?"
+    with pytest.raises(ConfigError, match="no number after"):
+        pq.write_table(pa.Table.from_pylist([{"question": "q", "answer": "none"}]), tmp_path / "bad.parquet")
+        list(load_taskset("math-word", path=tmp_path / "bad.parquet").rows())
+
+
 def test_malformed_rows_name_the_line(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"question": "q", "answer": "#### 1"}\n{"question": "q"}\n')
