@@ -42,6 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rollwire", description=DESCRIPTION, epilog=EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    parser.add_argument("--traces", choices=["none", "console", "otlp"], default="none",
+                        help="OpenTelemetry spans of this process: printed, or sent over OTLP/HTTP (needs the otlp "
+                             "extra); `rollwire run` takes this from its recipe's [telemetry] table instead")
+    parser.add_argument("--otlp-endpoint", default="http://127.0.0.1:4318/v1/traces",
+                        help="OTLP/HTTP traces endpoint for --traces otlp (default: %(default)s)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in (run.add_run, logs.add_topics, logs.add_tail, producers.add_dispatch, producers.add_env_worker,
                 services.add_score, services.add_inference, services.add_train, evaluate.add_evaluate):
@@ -54,11 +59,19 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from rollwire.errors import RollwireError
+    provider = None
     try:
+        if args.traces != "none":
+            from rollwire.telemetry import TelemetrySettings, configure
+            provider = configure(TelemetrySettings(exporter=args.traces, otlp_endpoint=args.otlp_endpoint,
+                                                   service_name=f"rollwire-{args.command}"))
         return args.run(args)
     except RollwireError as exc:
         print(f"rollwire {args.command}: {exc}", file=sys.stderr)
         return 2
+    finally:
+        if provider is not None:
+            provider.shutdown()
 
 
 if __name__ == "__main__":

@@ -90,6 +90,8 @@ class InferenceRecipe(_Section):
     max_model_len: int = Field(default=256, ge=16)
     kv_cache_gib: int = Field(default=1, ge=1)
     dtype: str = "auto"
+    """Weights dtype of the server; `auto` takes the trainer's (float32 on CPU, bfloat16 on CUDA), so
+    that sampler and trainer log-probabilities agree (vLLM's own `auto` picks bfloat16 on CPU)."""
     extra_args: list[str] = Field(default_factory=list)
 
 
@@ -180,6 +182,13 @@ class RunRecipe(_Section):
             return TrainerSettings.model_validate(data)
         except ValidationError as exc:
             raise ValueError(f"[trainer] table: {exc}") from None
+
+    def inference_dtype(self) -> str:
+        if self.inference.dtype != "auto":
+            return self.inference.dtype
+        from rollwire.trainer.model import resolve_device
+        _, dtype = resolve_device(self.trainer_settings().model)
+        return str(dtype).removeprefix("torch.")
 
     @property
     def max_off_policy(self) -> int:

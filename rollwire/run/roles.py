@@ -37,7 +37,7 @@ def run_replica(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
     from rollwire.consumers.weight_subscriber import WeightSubscriberSettings
     from rollwire.objectstore import open_store
     inference = recipe.inference
-    server = VllmServerSettings(model=recipe.base_model, port=inference.port, dtype=inference.dtype,
+    server = VllmServerSettings(model=recipe.base_model, port=inference.port, dtype=recipe.inference_dtype(),
                                 max_model_len=inference.max_model_len, kv_cache_gib=inference.kv_cache_gib,
                                 extra_args=inference.extra_args, log_path=recipe.run_dir / "logs" / "vllm.log")
     subscriber = WeightSubscriberSettings(replica_id=f"replica-{index}", policy=recipe.trainer_settings().policy,

@@ -78,3 +78,11 @@ def test_dispatch_issues_groups_within_the_budget_and_stops_when_asked(tmp_path)
     assert len(tasks) == 2
     bad = rollwire("dispatch", "--env", "reverse-digits", "--option", "seed=4", "--log-dir", str(log_dir))
     assert bad.returncode != 0 and "ENV.KEY=VALUE" in bad.stderr
+
+
+def test_traces_console_prints_the_spans_of_a_command(tmp_path):
+    result = rollwire("--traces", "console", "dispatch", "--env", "reverse-digits", "--max-groups", "1",
+                      "--batch-rollouts", "8", "--group-size", "4", "--log-dir", str(tmp_path / "log"),
+                      "--prefix", "traced")
+    assert result.returncode == 0, result.stderr
+    assert '"name": "send traced.tasks"' in result.stdout and '"service.name": "rollwire-dispatch"' in result.stdout

@@ -25,6 +25,9 @@ def test_the_bundled_demo_is_a_complete_recipe():
     trainer = recipe.trainer_settings()
     assert trainer.model.path == "runs/demo/base" and str(trainer.checkpoint_dir) == "runs/demo/trainer"
     assert recipe.scorer.group_rewards["reverse-digits"][0].name == "shortest_correct"
+    import torch
+    # the server samples in the trainer's dtype (vLLM's own `auto` would pick bfloat16 on a CPU)
+    assert recipe.inference_dtype() == ("bfloat16" if torch.cuda.is_available() else "float32")
     printed = subprocess.run([sys.executable, "-m", "rollwire", "run", "--print-recipe"], capture_output=True,
                              text=True, timeout=60)
     assert tomllib.loads(printed.stdout) == tomllib.loads(recipe_text())
