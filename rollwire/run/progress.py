@@ -153,31 +153,40 @@ class RunProgress:
             self._out.close()
 
 
+def _smooth(values: list[float], window: int = 10) -> list[float]:
+    return [sum(values[max(0, i - window + 1): i + 1]) / len(values[max(0, i - window + 1): i + 1])
+            for i in range(len(values))]
+
+
 def plot(rows: list[dict], path: Path, title: str = "rollwire run") -> Path:
-    """The reward curve (and mean completion length, when recorded) as a PNG."""
+    """The reward curve; below it, when recorded, the mean completion length (what a length bonus moves)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     steps = [r["step"] for r in rows]
-    figure, reward_axis = plt.subplots(figsize=(8, 4.5), dpi=110)
-    reward_axis.plot(steps, [r["reward_mean"] for r in rows], color="tab:blue", alpha=0.35, label="reward (step)")
-    window = 10
-    smooth = [sum(r["reward_mean"] for r in rows[max(0, i - window + 1): i + 1]) / len(rows[max(0, i - window + 1): i + 1])
-              for i in range(len(rows))]
-    reward_axis.plot(steps, smooth, color="tab:blue", label=f"reward ({window}-step mean)")
-    reward_axis.set_xlabel("trainer step")
-    reward_axis.set_ylabel("mean reward", color="tab:blue")
-    handles = reward_axis.get_legend_handles_labels()
-    if rows and "metric/completion_tokens" in rows[-1]:
-        length_axis = reward_axis.twinx()
-        length_axis.plot(steps, [r.get("metric/completion_tokens") for r in rows], color="tab:orange",
-                         label="completion tokens")
-        length_axis.set_ylabel("completion tokens", color="tab:orange")
-        more = length_axis.get_legend_handles_labels()
-        handles = (handles[0] + more[0], handles[1] + more[1])
-    reward_axis.legend(*handles, loc="lower right")
+    lengths = [r.get("metric/completion_tokens") for r in rows]
+    panels = 2 if rows and all(v is not None for v in lengths) else 1
+    figure, axes = plt.subplots(panels, 1, figsize=(8, 3.2 * panels + 0.6), dpi=110, sharex=True, squeeze=False)
+    reward_axis = axes[0][0]
+    rewards = [r["reward_mean"] for r in rows]
+    reward_axis.plot(steps, rewards, color="tab:blue", alpha=0.3, label="mean reward per step")
+    reward_axis.plot(steps, _smooth(rewards), color="tab:blue", label="10-step mean")
+    named = sorted(k for k in (rows[-1] if rows else {}) if k.startswith("reward/"))
+    for key in named:
+        reward_axis.plot(steps, _smooth([r.get(key, 0.0) for r in rows]), linestyle="--", linewidth=1,
+                         label=f"{key.removeprefix('reward/')} (10-step mean)")
+    reward_axis.set_ylabel("reward")
     reward_axis.set_title(title)
     reward_axis.grid(alpha=0.3)
+    reward_axis.legend(loc="lower right", fontsize="small")
+    if panels == 2:
+        length_axis = axes[1][0]
+        length_axis.plot(steps, lengths, color="tab:orange", alpha=0.3)
+        length_axis.plot(steps, _smooth(lengths), color="tab:orange", label="completion tokens (10-step mean)")
+        length_axis.set_ylabel("completion tokens")
+        length_axis.grid(alpha=0.3)
+        length_axis.legend(loc="upper right", fontsize="small")
+    axes[-1][0].set_xlabel("trainer step")
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path)

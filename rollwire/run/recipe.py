@@ -42,7 +42,9 @@ class TinyModelSettings(_Section):
     heads: int = Field(default=4, ge=1)
     kv_heads: int = Field(default=2, ge=1)
     intermediate: int = Field(default=256, ge=8)
-    tie_embeddings: bool = True
+    tie_embeddings: bool = False
+    """Must stay false for full-weight training: vLLM's hot reload leaves a tied output layer stale
+    (`rollwire.consumers.weight_subscriber.TIED_RELOAD`)."""
     seed: int = 0
 
 
@@ -139,6 +141,9 @@ class RunRecipe(_Section):
     def _consistent(self) -> RunRecipe:
         if self.run_dir is None:
             self.run_dir = Path("runs") / self.name
+        if self.model.path is None and self.model.tiny.tie_embeddings and "lora" not in self.trainer.get("model", {}):
+            raise ValueError("model.tiny.tie_embeddings = true cannot be trained with full-weight versions: vLLM's "
+                             "hot reload leaves a tied output layer on the old weights; set it to false")
         names = [e.name for e in self.environments]
         if self.warm_start.steps and self.warm_start.environment not in (None, *names):
             raise ValueError(f"warm_start.environment = {self.warm_start.environment!r} is not one of the "

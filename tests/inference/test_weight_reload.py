@@ -204,3 +204,40 @@ def test_lora_versions_load_under_new_adapter_names(fleet, tiny_models, version_
     assert logprobs == pytest.approx(transformers_logprobs(merged, PROMPT, tokens), abs=1e-3)
     with pytest.raises(Exception, match="404|not found|does not exist"):
         fleet.server.control.generate(PROMPT, max_tokens=2, model=subscriber.lora_name(version_base + 2))
+
+
+def test_tied_embeddings_cannot_be_hot_reloaded_so_the_subscriber_refuses_them(tmp_path, tiny_models):
+    """vLLM's in-place reload of a model with tied embeddings updates the embeddings and leaves the
+    tied output layer on the old weights. This test pins that down (if it starts failing on the
+    first assertion, vLLM fixed it: lift the refusal in `weight_subscriber`), and checks that the
+    subscriber refuses such versions before touching the engine."""
+    from transformers import AutoModelForCausalLM
+
+    from rollwire.consumers.vllm_server import VllmServer, VllmServerSettings
+    from rollwire.objectstore import LocalStore
+    from rollwire.trainer.tiny import build_tiny_model
+    old = build_tiny_model(tmp_path / "tied-a", tiny_models.tokenizer, seed=1, tie_embeddings=True, initializer_range=0.5)
+    new = build_tiny_model(tmp_path / "tied-b", tiny_models.tokenizer, seed=2, tie_embeddings=True, initializer_range=0.5)
+    server = VllmServer(VllmServerSettings(model=str(old), dtype="float32", max_model_len=256,
+                                           log_path=tmp_path / "vllm.log"))
+    server.start()
+    try:
+        server.control.swap_full_weights(str(new), "1")
+        ids, served, _ = served_logprobs(server)
+        stale_head = AutoModelForCausalLM.from_pretrained(new, tie_word_embeddings=False)
+        stale_head.lm_head.weight.data = AutoModelForCausalLM.from_pretrained(old).model.embed_tokens.weight.data.clone()
+        stale_dir = tmp_path / "new-body-old-head"
+        stale_head.save_pretrained(stale_dir)
+        assert served == pytest.approx(transformers_logprobs(stale_dir, PROMPT, ids), abs=1e-3)
+        assert max(abs(a - b) for a, b in zip(served, transformers_logprobs(new, PROMPT, ids))) > 0.5
+
+        fleet = Fleet(tmp_path, LocalStore(tmp_path / "store"), server, tiny_models)
+        subscriber = WeightSubscriber(fleet.log, fleet.topics, fleet.store, server.control,
+                                      WeightSubscriberSettings(replica_id="tied", cache_dir=tmp_path / "cache"),
+                                      base_model_dir=old)
+        status = subscriber.apply(fleet.publish(2, old))
+        assert status.state == "failed" and "tie_word_embeddings" in status.reason
+        assert served_logprobs(server)[1] == pytest.approx(served, abs=1e-6)  # the engine was not touched
+        subscriber.close()
+    finally:
+        server.stop()
