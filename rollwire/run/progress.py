@@ -185,7 +185,19 @@ def plot(rows: list[dict], path: Path, title: str = "rollwire run") -> Path:
         length_axis.plot(steps, _smooth(lengths), color="tab:orange", label="completion tokens (10-step mean)")
         length_axis.set_ylabel("completion tokens")
         length_axis.grid(alpha=0.3)
-        length_axis.legend(loc="upper right", fontsize="small")
+        handles, labels = length_axis.get_legend_handles_labels()
+        shares = [k for k in sorted(rows[-1]) if k.startswith("metric/") and k != "metric/completion_tokens"
+                  and all(0.0 <= r.get(k, 0.0) <= 1.0 for r in rows)]
+        if shares:  # 0/1 metrics (e.g. used_filler) as the share of rollouts, on their own axis
+            share_axis = length_axis.twinx()
+            for key in shares:
+                share_axis.plot(steps, _smooth([r.get(key, 0.0) for r in rows]), linestyle="--",
+                                label=f"{key.removeprefix('metric/')} (share, 10-step mean)")
+            share_axis.set_ylabel("share of rollouts")
+            share_axis.set_ylim(0, 1)
+            more = share_axis.get_legend_handles_labels()
+            handles, labels = handles + more[0], labels + more[1]
+        length_axis.legend(handles, labels, loc="upper right", fontsize="small")
     axes[-1][0].set_xlabel("trainer step")
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

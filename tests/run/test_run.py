@@ -243,4 +243,4 @@ def test_demo_learns(tmp_path):
     first10 = sum(r["reward_mean"] for r in rows[:10]) / 10
     last10 = sum(r["reward_mean"] for r in rows[-10:]) / 10
     print(f"demo: {len(rows)} steps, mean reward first 10 {first10:.3f}, last 10 {last10:.3f}")
-    assert last10 > first10 + 0.15, (first10, last10)
+    assert last10 > first10 + 0.3, (first10, last10)  # measured: 0.46 -> 1.13 (README)
