@@ -41,5 +41,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     recipe = load_recipe(args.recipe, steps=args.steps, run_dir=str(args.run_dir) if args.run_dir else None,
                          name=args.name, **{"bus.type": args.bus, "bus.bootstrap_servers": args.bootstrap})
     from rollwire.run.runner import run
-    result = run(recipe, metrics_out=args.metrics_out)
+    try:
+        result = run(recipe, metrics_out=args.metrics_out)
+    except KeyboardInterrupt:  # before any component started (e.g. during the warm start)
+        print("rollwire run: interrupted before training started; the same command starts again")
+        return 130
     return 130 if result.interrupted else 0

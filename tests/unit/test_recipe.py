@@ -85,5 +85,12 @@ def test_progress_rebuilds_metrics_from_the_log_and_draws_the_curve(tmp_path):
     assert progress.serving == {"r0": 3} and progress.rollouts == 1
     assert progress.unreadable == 1 and "p.train" in progress.summary()
     assert progress.mean_reward(first=2) == pytest.approx(0.15) and progress.mean_reward(last=1) == pytest.approx(0.3)
+    import io
+
+    from rich.console import Console
+    screen = io.StringIO()
+    Console(file=screen, force_terminal=True, width=120).print(progress.table(10, "training"))
+    shown = screen.getvalue()
+    assert "3/10" in shown and "0.300 now" in shown and "r0 v3 (serving)" in shown and "unreadable" in shown
     png = plot(progress.rows, tmp_path / "curve.png")
     assert png.read_bytes()[:4] == b"\x89PNG"
