@@ -89,6 +89,7 @@ class BatchConsumer:
         """A full batch, or None if not enough usable rollouts arrived within `timeout_s`
         (what did arrive stays pending for the next call)."""
         deadline = time.monotonic() + timeout_s
+        self._drop_stale_pending(policy_version)  # accepted at an older version: the lag has grown since
         while not self._ready() and (remaining := deadline - time.monotonic()) > 0:
             for d in self.consumer.poll_batch(1000, remaining):
                 self._accept(d, policy_version)
@@ -152,6 +153,16 @@ class BatchConsumer:
             self.counts["stale"] += 1
             return
         self._pending.append(delivery)
+
+    def _drop_stale_pending(self, policy_version: int) -> None:
+        keep = collections.deque()
+        for delivery in self._pending:
+            if self._lag(delivery.event.rollout, policy_version) > self.settings.max_off_policy:
+                self.drops["stale"].append(delivery.event.rollout.rollout_id)
+                self.counts["stale"] += 1
+            else:
+                keep.append(delivery)
+        self._pending = keep
 
     @staticmethod
     def _lag(rollout, policy_version: int) -> int:
