@@ -9,11 +9,11 @@ from pathlib import Path
 def add_run(sub) -> None:
     run = sub.add_parser(
         "run", help="run the whole loop on this machine from a recipe (default: the bundled demo)",
-        description="Starts everything a training run needs as supervised processes — one managed vLLM "
-                    "server with its weight subscriber, the group scorer, the trainer, env workers and the "
-                    "dispatcher — on the embedded log (or Kafka with --bus kafka), shows live progress, "
-                    "writes one metrics line per trainer step and draws the reward curve at the end. "
-                    "Ctrl-C stops cleanly; the same command resumes from the last checkpoint.",
+        description="Starts everything a training run needs as supervised processes: one managed vLLM\n"
+                    "server with its weight subscriber, the group scorer, the trainer, env workers and the\n"
+                    "dispatcher, on the embedded log (or Kafka with --bus kafka). Shows live progress, writes\n"
+                    "one metrics line per trainer step and draws the reward curve at the end. Ctrl-C stops\n"
+                    "every component in order; the same command resumes from the last checkpoint.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n"
                "  rollwire run                                   # the demo: a tiny model learns to reverse digits\n"
