@@ -141,9 +141,15 @@ class RunRecipe(_Section):
     def _consistent(self) -> RunRecipe:
         if self.run_dir is None:
             self.run_dir = Path("runs") / self.name
-        if self.model.path is None and self.model.tiny.tie_embeddings and "lora" not in self.trainer.get("model", {}):
+        full_weights = "lora" not in self.trainer.get("model", {})
+        if full_weights and self.model.path is None and self.model.tiny.tie_embeddings:
             raise ValueError("model.tiny.tie_embeddings = true cannot be trained with full-weight versions: vLLM's "
                              "hot reload leaves a tied output layer on the old weights; set it to false")
+        from rollwire.consumers.weight_subscriber import ties_embeddings
+        if full_weights and self.model.path is not None and ties_embeddings(Path(self.model.path)):
+            raise ValueError(f"model.path = {self.model.path!r} ties its embeddings (tie_word_embeddings): its full "
+                             "weight versions cannot be hot-reloaded by vLLM; untie it, or train LoRA adapters "
+                             "([trainer.model.lora])")
         names = [e.name for e in self.environments]
         if self.warm_start.steps and self.warm_start.environment not in (None, *names):
             raise ValueError(f"warm_start.environment = {self.warm_start.environment!r} is not one of the "

@@ -57,6 +57,20 @@ def test_bad_recipes_say_what_to_change(tmp_path, text, message):
         load_recipe(tmp_path / "missing.toml")
 
 
+def test_a_tied_embedding_model_is_refused_for_full_weight_training(tmp_path):
+    (tmp_path / "tied").mkdir()
+    (tmp_path / "tied" / "config.json").write_text('{"tie_word_embeddings": true}')
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(f"[model]\npath = '{tmp_path / 'tied'}'\n[[environments]]\nname = 'reverse-digits'\n")
+    with pytest.raises(ConfigError, match="tie_word_embeddings"):
+        load_recipe(recipe)
+    recipe.write_text(recipe.read_text() + "[trainer.model.lora]\nrank = 4\n")
+    assert load_recipe(recipe).trainer_settings().model.lora.rank == 4
+    recipe.write_text("[model.tiny]\ntie_embeddings = true\n[[environments]]\nname = 'reverse-digits'\n")
+    with pytest.raises(ConfigError, match="tie_embeddings = true"):
+        load_recipe(recipe)
+
+
 def test_progress_rebuilds_metrics_from_the_log_and_draws_the_curve(tmp_path):
     topics = Topics("p")
     log = open_log(EmbeddedBusSettings(path=tmp_path / "log"))
