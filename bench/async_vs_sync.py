@@ -21,6 +21,7 @@ synchronous one. Each setting starts its own vLLM server (~40 s here), so a run 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -64,7 +65,6 @@ def measure(folder: Path, max_off_policy: int, steps: int, distribution: str, sc
     result = run(recipe, console=Console(stderr=True, quiet=True))
     if result.interrupted or result.steps < steps:
         raise SystemExit(f"max_off_policy={max_off_policy}: the run stopped at step {result.steps} of {steps}")
-    import json
     rows = [json.loads(line) for line in result.metrics_path.read_text().splitlines()]
     window = rows[warmup:]
     seconds = (window[-1]["time_ms"] - rows[warmup - 1]["time_ms"]) / 1000

@@ -47,3 +47,25 @@ def store_settings(args: argparse.Namespace):
                                access_key=os.environ.get("AWS_ACCESS_KEY_ID", "rollwire"),
                                secret_key=os.environ.get("AWS_SECRET_ACCESS_KEY", "rollwire-secret"))
     return LocalStoreSettings(root=args.store_dir)
+
+
+def config_table(path: Path | None, table: str, command: str) -> dict:
+    """The `[table]` of the TOML file given with --config (empty without a file); a file that
+    cannot be read or parsed ends the command with a message naming it."""
+    import tomllib
+    if path is None:
+        return {}
+    try:
+        return tomllib.loads(path.read_text()).get(table, {})
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise SystemExit(f"rollwire {command}: cannot read --config {path}: {exc}")
+
+
+def validated(model, data: dict, table: str, command: str):
+    """`model.model_validate(data)`; invalid settings end the command with the fields to change."""
+    from pydantic import ValidationError
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        fields = "; ".join(f"{table}.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise SystemExit(f"rollwire {command}: invalid settings: {fields}")

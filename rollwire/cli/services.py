@@ -6,7 +6,14 @@ import argparse
 import json
 from pathlib import Path
 
-from rollwire.cli.options import add_bus_options, add_store_options, bus_settings, store_settings
+from rollwire.cli.options import (
+    add_bus_options,
+    add_store_options,
+    bus_settings,
+    config_table,
+    store_settings,
+    validated,
+)
 
 
 def add_score(sub) -> None:
@@ -82,16 +89,8 @@ def add_train(sub) -> None:
 
 
 def _scorer_settings(path: Path | None):
-    import tomllib
-
     from rollwire.streams.scoring import ScorerSettings
-    if path is None:
-        return ScorerSettings()
-    try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise SystemExit(f"rollwire score: cannot read --config {path}: {exc}")
-    return ScorerSettings.model_validate(data.get("scorer", {}))
+    return validated(ScorerSettings, config_table(path, "scorer", "score"), "scorer", "score")
 
 
 def cmd_score(args: argparse.Namespace) -> int:
@@ -149,15 +148,8 @@ def cmd_inference(args: argparse.Namespace) -> int:
 
 
 def _trainer_settings(args: argparse.Namespace):
-    import tomllib
-
     from rollwire.trainer.loop import TrainerSettings
-    data = {}
-    if args.config is not None:
-        try:
-            data = tomllib.loads(args.config.read_text()).get("trainer", {})
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise SystemExit(f"rollwire train: cannot read --config {args.config}: {exc}")
+    data = config_table(args.config, "trainer", "train")
     if args.model:
         data.setdefault("model", {})["path"] = args.model
     if "path" not in data.get("model", {}):
@@ -167,7 +159,7 @@ def _trainer_settings(args: argparse.Namespace):
     for flag, key in (("batch_rollouts", "batch_rollouts"), ("max_off_policy", "max_off_policy")):
         if getattr(args, flag) is not None:
             data.setdefault("batch", {})[key] = getattr(args, flag)
-    return TrainerSettings.model_validate(data)
+    return validated(TrainerSettings, data, "trainer", "train")
 
 
 def cmd_train(args: argparse.Namespace) -> int:

@@ -86,3 +86,14 @@ def test_traces_console_prints_the_spans_of_a_command(tmp_path):
                       "--prefix", "traced")
     assert result.returncode == 0, result.stderr
     assert '"name": "send traced.tasks"' in result.stdout and '"service.name": "rollwire-dispatch"' in result.stdout
+
+
+def test_bad_settings_files_name_the_field_to_change(tmp_path):
+    config = tmp_path / "bad.toml"
+    config.write_text('[trainer]\nlr = -1\n[scorer]\ngroup_timeout_s = "soon"\n')
+    train = rollwire("train", "--model", "m", "--config", str(config), "--log-dir", str(tmp_path / "log"))
+    assert train.returncode != 0 and "rollwire train: invalid settings: trainer.lr" in train.stderr
+    score = rollwire("score", "--config", str(config), "--log-dir", str(tmp_path / "log"))
+    assert score.returncode != 0 and "scorer.group_timeout_s" in score.stderr and "Traceback" not in score.stderr
+    missing = rollwire("score", "--config", str(tmp_path / "none.toml"))
+    assert "cannot read --config" in missing.stderr
