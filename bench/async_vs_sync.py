@@ -1,35 +1,49 @@
-"""Asynchronous vs synchronous RL under an environment with a long latency tail.
+"""Latency hiding: asynchronous vs synchronous RL under environments with a long latency tail.
 
-    python bench/async_vs_sync.py [--steps 14] [--latency lognormal|pareto] [--settings 0,1,2,4,8]
+    python bench/async_vs_sync.py [--settings 0,4,8] [--latencies lognormal,pareto] [--steps 30]
 
 The whole `rollwire run` pipeline (vLLM server, env worker, scorer, trainer, dispatcher on the
-embedded log), once per `max_off_policy` setting, with every rollout delayed by a draw from a
-long-tailed distribution before it runs (`env_workers.simulated_latency`). `max_off_policy = 0`
-is the synchronous loop: the dispatcher issues one batch, every rollout of it must finish (the
-slowest included) before the trainer steps and the next batch starts. With more allowed
-staleness the dispatcher keeps more work in flight, and slow rollouts overlap with training.
+embedded log) once per `max_off_policy` setting and environment latency, with every rollout
+delayed by a draw from the latency distribution before it runs (`env_workers.simulated_latency`):
 
-Per setting, over the steps after the first two (start-up excluded):
+    lognormal   median `--scale` s (0.3), sigma 1: p99 ≈ 10× the median
+    pareto      minimum `--scale` s, tail index 1.5: infinite variance, the heavier tail
+    zero        the same pipeline with ~no latency (lognormal at scale × 0.001): the limit
+
+`max_off_policy = 0` is the synchronous loop: the dispatcher issues one batch, every rollout of it
+must finish (the slowest included) before the trainer steps, and the next batch waits for the
+replica to serve the new weights. With more allowed staleness the dispatcher keeps more work in
+flight, and slow rollouts overlap with everything else.
+
+Per run, over the steps after `--warmup`:
     samples/s     rollouts trained per second of wall time
-    trainer idle  share of that time the trainer waited for a batch (`TrainStepCompleted.wait_s`)
+    hiding        samples/s under latency ÷ samples/s of the same setting at zero latency (limit 1)
+    trainer idle  share of that time the trainer waited for a batch
     staleness     mean version lag of what was trained
+For the synchronous runs it also prints each hop of a step (`bench/hops.py`) and the floor: the
+slowest environment draw of each batch plus the zero-latency synchronous step.
 
-The last line is `RESULT ...` with the speedup of the best asynchronous setting over the
-synchronous one. Each setting starts its own vLLM server (~40 s here), so a run takes minutes.
+The last line is `RESULT ...`: the hiding of the best asynchronous setting under each latency, the
+asynchronous/synchronous speedup and the synchronous loop against its floor. Each run starts its
+own vLLM server (~40 s here): the whole benchmark takes 10-15 minutes.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 from pathlib import Path
 
+from hops import step_hops, table
 from rich.console import Console
 
+from rollwire.bus import EmbeddedBusSettings, open_log
 from rollwire.run.recipe import load_recipe
 from rollwire.run.runner import run
+from rollwire.schemas.topics import Topics
 
 RECIPE = """
 name = "bench"
@@ -45,8 +59,8 @@ group_size = 8
 options = {{ seed = 7 }}
 sampling = {{ temperature = 1.0, max_tokens = 8 }}
 [env_workers]
-concurrency = 64
-tasks_per_poll = 16
+concurrency = {concurrency}
+inference_concurrency = {inference_concurrency}
 simulated_latency = {{ distribution = "{distribution}", scale_s = {scale}, sigma = 1.0, alpha = 1.5, max_s = 20, seed = 1 }}
 [trainer]
 micro_batch_rollouts = 32
@@ -58,47 +72,88 @@ max_model_len = 64
 """
 
 
-def measure(folder: Path, max_off_policy: int, steps: int, distribution: str, scale: float, warmup: int) -> dict:
-    path = folder / f"off{max_off_policy}.toml"
-    path.write_text(RECIPE.format(steps=steps, distribution=distribution, scale=scale, max_off_policy=max_off_policy))
-    recipe = load_recipe(path, run_dir=str(folder / f"off{max_off_policy}"))
+def measure(folder: Path, name: str, max_off_policy: int, steps: int, distribution: str, scale: float,
+            warmup: int, args: argparse.Namespace) -> dict:
+    path = folder / f"{name}.toml"
+    path.write_text(RECIPE.format(steps=steps, distribution=distribution, scale=scale, max_off_policy=max_off_policy,
+                                  concurrency=args.concurrency, inference_concurrency=args.inference_concurrency))
+    recipe = load_recipe(path, run_dir=str(folder / name))
     result = run(recipe, console=Console(stderr=True, quiet=True))
     if result.interrupted or result.steps < steps:
-        raise SystemExit(f"max_off_policy={max_off_policy}: the run stopped at step {result.steps} of {steps}")
+        raise SystemExit(f"{name}: the run stopped at step {result.steps} of {steps}")
     rows = [json.loads(line) for line in result.metrics_path.read_text().splitlines()]
     window = rows[warmup:]
     seconds = (window[-1]["time_ms"] - rows[warmup - 1]["time_ms"]) / 1000
-    return {"max_off_policy": max_off_policy, "samples_per_s": sum(r["rollouts"] for r in window) / seconds,
+    with open_log(EmbeddedBusSettings(path=recipe.run_dir / "log")) as log:
+        hops = [s for s in step_hops(log, Topics(recipe.prefix)) if s.step > warmup]
+    return {"name": name, "max_off_policy": max_off_policy, "seconds": seconds,
+            "samples_per_s": sum(r["rollouts"] for r in window) / seconds,
             "idle": sum(r["wait_s"] for r in window) / seconds,
-            "staleness": sum(r["staleness_mean"] for r in window) / len(window), "seconds": seconds}
+            "staleness": sum(r["staleness_mean"] for r in window) / len(window),
+            "staleness_max": max(r["staleness_max"] for r in window), "hops": hops}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=14, help="trainer steps per setting (default: %(default)s)")
+    parser.add_argument("--steps", type=int, default=30,
+                        help="trainer steps per asynchronous run (default: %(default)s)")
+    parser.add_argument("--sync-steps", type=int, default=14,
+                        help="trainer steps per synchronous run, whose steps are longer (default: %(default)s)")
     parser.add_argument("--warmup", type=int, default=2, help="first steps left out of the figures (default: %(default)s)")
-    parser.add_argument("--latency", choices=["lognormal", "pareto"], default="lognormal",
-                        help="environment latency distribution (default: %(default)s)")
+    parser.add_argument("--latencies", default="lognormal,pareto",
+                        help="latency distributions to run besides zero (default: %(default)s)")
     parser.add_argument("--scale", type=float, default=0.3,
                         help="median (lognormal) or minimum (pareto) latency in seconds (default: %(default)s)")
-    parser.add_argument("--settings", default="0,1,2,4,8", help="max_off_policy values (default: %(default)s)")
+    parser.add_argument("--settings", default="0,4,8", help="max_off_policy values (default: %(default)s)")
+    parser.add_argument("--concurrency", type=int, default=256,
+                        help="env-worker rollout slots; a slot waiting on the environment is a sleeping thread "
+                             "(default: %(default)s)")
+    parser.add_argument("--inference-concurrency", type=int, default=64,
+                        help="generation requests in flight to vLLM (default: %(default)s)")
     args = parser.parse_args()
     settings = [int(v) for v in args.settings.split(",")]
+    latencies = [v for v in args.latencies.split(",") if v]
     if 0 not in settings or len(settings) < 2:
         raise SystemExit("--settings must include 0 (the synchronous baseline) and at least one other value")
-    results = []
+    if any(d not in ("lognormal", "pareto") for d in latencies):
+        raise SystemExit("--latencies takes lognormal and/or pareto")
+    print(f"env-worker concurrency {args.concurrency}, inference concurrency {args.inference_concurrency}; "
+          f"batch 32 rollouts, groups of 8", flush=True)
+    results: dict[tuple[str, int], dict] = {}
     with tempfile.TemporaryDirectory(prefix="rollwire-bench-") as tmp:
-        for value in settings:
-            print(f"max_off_policy={value}: running {args.steps} steps …", file=sys.stderr, flush=True)
-            results.append(measure(Path(tmp), value, args.steps, args.latency, args.scale, args.warmup))
-            r = results[-1]
-            print(f"max_off_policy={value:>2}  {r['samples_per_s']:7.1f} samples/s  trainer idle {r['idle']:6.1%}  "
-                  f"staleness {r['staleness']:.2f}  ({r['seconds']:.0f} s measured)", flush=True)
-    sync = next(r for r in results if r["max_off_policy"] == 0)
-    best = max((r for r in results if r["max_off_policy"] > 0), key=lambda r: r["samples_per_s"])
-    print(f"RESULT async_vs_sync: max_off_policy={best['max_off_policy']} trains {best['samples_per_s']:.1f} samples/s "
-          f"vs {sync['samples_per_s']:.1f} synchronous = {best['samples_per_s'] / sync['samples_per_s']:.2f}x "
-          f"(trainer idle {best['idle']:.0%} vs {sync['idle']:.0%}; {args.latency} environment latency)")
+        for latency in ["zero", *latencies]:
+            distribution, scale = ("lognormal", args.scale * 0.001) if latency == "zero" else (latency, args.scale)
+            for value in settings:
+                steps = args.sync_steps if value == 0 else args.steps
+                print(f"{latency} latency, max_off_policy={value}: running {steps} steps …", file=sys.stderr,
+                      flush=True)
+                r = results[(latency, value)] = measure(Path(tmp), f"{latency}-off{value}", value, steps, distribution,
+                                                        scale, args.warmup, args)
+                zero = results[("zero", value)]["samples_per_s"]
+                print(f"{latency:>9}  max_off_policy={value:>2}  {r['samples_per_s']:7.1f} samples/s  "
+                      f"hiding {r['samples_per_s'] / zero:5.2f}  trainer idle {r['idle']:6.1%}  staleness mean "
+                      f"{r['staleness']:.2f} max {r['staleness_max']}  ({r['seconds']:.0f} s measured)", flush=True)
+    zero_step = statistics.median(s.total_s for s in results[("zero", 0)]["hops"])
+    floors = {}
+    for latency in latencies:
+        hops = results[(latency, 0)]["hops"]
+        floor = statistics.mean(s.slowest_environment_s for s in hops) + zero_step
+        actual = statistics.mean(s.total_s for s in hops)
+        floors[latency] = actual / floor
+        print(f"\nsynchronous step under {latency} latency, hop by hop:\n{table(hops)}")
+        print(f"floor: slowest draw {statistics.mean(s.slowest_environment_s for s in hops) * 1000:.0f} ms + "
+              f"zero-latency step {zero_step * 1000:.0f} ms = {floor * 1000:.0f} ms; the step took "
+              f"{actual * 1000:.0f} ms = {actual / floor:.2f}x the floor")
+    print(f"\nsynchronous step at zero latency, hop by hop:\n{table(results[('zero', 0)]['hops'])}")
+    parts = []
+    for latency in latencies:
+        best = max((v for v in settings if v > 0), key=lambda v: results[(latency, v)]["samples_per_s"])
+        rate = results[(latency, best)]["samples_per_s"]
+        parts.append(f"{latency}: hiding={rate / results[('zero', best)]['samples_per_s']:.2f} at "
+                     f"max_off_policy={best} ({rate:.1f} vs {results[('zero', best)]['samples_per_s']:.1f} samples/s), "
+                     f"async/sync={rate / results[(latency, 0)]['samples_per_s']:.1f}x, "
+                     f"sync/floor={floors[latency]:.2f}")
+    print("RESULT async_vs_sync: " + "; ".join(parts))
     return 0
 
 

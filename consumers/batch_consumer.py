@@ -116,6 +116,14 @@ class BatchConsumer:
         self._advance_positions()
         return batch
 
+    def take_drops(self) -> dict[str, list[str]]:
+        """The rollout ids dropped since the last batch, by reason, and positions moved past them
+        (for a commit that reports them while no batch forms)."""
+        drops = {k: list(v) for k, v in self.drops.items() if v}
+        self.drops.clear()
+        self._advance_positions()
+        return drops
+
     def _ready(self) -> bool:
         """Whether the pending rollouts fill a batch."""
         if self.settings.batch_rollouts is not None and len(self._pending) >= self.settings.batch_rollouts:

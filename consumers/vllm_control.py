@@ -16,12 +16,13 @@ loopback (`VllmServerSettings` insists) or behind an authenticated proxy.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator, Sequence
 from typing import Any
+
+import httpx
 
 from rollwire.errors import RollwireError
 
@@ -31,27 +32,31 @@ class VllmError(RollwireError):
 
 
 class VllmControl:
-    """Talks to the vLLM server at `base_url` (e.g. `http://127.0.0.1:8000`)."""
+    """Talks to the vLLM server at `base_url` (e.g. `http://127.0.0.1:8000`) over one pool of
+    kept-alive connections; safe to share between threads (an env worker's rollouts do)."""
 
-    def __init__(self, base_url: str, *, timeout_s: float = 120.0) -> None:
+    def __init__(self, base_url: str, *, timeout_s: float = 120.0, max_connections: int = 256) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
+        self._client = httpx.Client(base_url=self.base_url, timeout=timeout_s,
+                                    limits=httpx.Limits(max_connections=max_connections,
+                                                        max_keepalive_connections=max_connections))
+        self._tokenized = functools.lru_cache(maxsize=4096)(self._tokenize)
 
     def _request(self, method: str, path: str, body: Any = None, timeout_s: float | None = None) -> Any:
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.base_url + path, data=data, method=method,
-                                         headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(request, timeout=timeout_s or self.timeout_s) as response:
-                raw = response.read()
-        except urllib.error.HTTPError as exc:
-            raise VllmError(f"{method} {path} answered HTTP {exc.code}: {exc.read()[:1000]!r}") from exc
-        except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
-            raise VllmError(f"{method} {path} failed: {exc}") from exc
+            response = self._client.request(method, path, json=body, timeout=timeout_s or self.timeout_s)
+        except httpx.HTTPError as exc:
+            raise VllmError(f"{method} {path} failed: {type(exc).__name__}: {exc}") from exc
+        if response.is_error:
+            raise VllmError(f"{method} {path} answered HTTP {response.status_code}: {response.content[:1000]!r}")
         try:
-            return json.loads(raw) if raw else None
+            return response.json() if response.content else None
         except ValueError:  # some routes answer plain text, e.g. "Success: LoRA adapter … added"
-            return raw.decode(errors="replace")
+            return response.text
+
+    def close(self) -> None:
+        self._client.close()
 
     def healthy(self) -> bool:
         try:
@@ -59,10 +64,6 @@ class VllmControl:
             return True
         except VllmError:
             return False
-
-    def weight_version(self) -> str:
-        """The label the server gives tokens sampled now (`default` before any update)."""
-        return self._request("GET", "/weight_info")["weight_version"]
 
     def pause(self, mode: str = "keep") -> None:
         """Stops scheduling: `keep` freezes in-flight requests, `wait` drains them, `abort` drops them."""
@@ -120,13 +121,34 @@ class VllmControl:
         """Like `generate`, streamed: yields each server-sent chunk as it arrives."""
         body = {"token_ids": list(token_ids), "stream": True,
                 "sampling_params": _sampling(max_tokens, temperature, True, seed, ignore_eos)}
-        request = urllib.request.Request(self.base_url + "/inference/v1/generate", data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-            for line in response:
-                line = line.strip()
-                if line.startswith(b"data:") and line != b"data: [DONE]":
-                    yield json.loads(line[5:])
+        try:
+            with self._client.stream("POST", "/inference/v1/generate", json=body) as response:
+                if response.is_error:
+                    raise VllmError(f"POST /inference/v1/generate answered HTTP {response.status_code}: "
+                                    f"{response.read()[:1000]!r}")
+                for line in response.iter_lines():
+                    line = line.strip()
+                    if line.startswith("data:") and line != "data: [DONE]":
+                        yield json.loads(line[5:])
+        except httpx.HTTPError as exc:
+            raise VllmError(f"POST /inference/v1/generate (stream) failed: {type(exc).__name__}: {exc}") from exc
+
+    def tokenize(self, text: str) -> list[int]:
+        """The server's token ids of `text` (special tokens written in it are kept, none are added);
+        remembered, since a group's rollouts share their prompt."""
+        return list(self._tokenized(text))
+
+    def _tokenize(self, text: str) -> tuple[int, ...]:
+        return tuple(self._request("POST", "/tokenize", {"prompt": text, "add_special_tokens": False})["tokens"])
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        """The text of `token_ids`, as the server's tokenizer decodes them."""
+        return self._request("POST", "/detokenize", {"tokens": list(token_ids)})["prompt"]
+
+    def render_chat(self, messages: list[dict], *, model: str = "policy") -> list[int]:
+        """The prompt token ids of `messages` under the served chat template, ready for the assistant."""
+        return self._request("POST", "/v1/chat/completions/render",
+                             {"model": model, "messages": messages, "add_generation_prompt": True})["token_ids"]
 
 
 def _sampling(max_tokens: int, temperature: float, logprobs: bool, seed: int | None, ignore_eos: bool) -> dict:

@@ -18,9 +18,11 @@ step's worth of work at a time. In flight = rollouts issued - rollouts trained -
 
 A rollout also starts behind when the fleet has not loaded the trainer's newest weights yet.
 Once replicas report on the fleet topic, no group is issued while the oldest version a running
-replica serves is more than `max_off_policy` behind the newest published version (so the
-synchronous loop waits for the reload, as it should); with no replica reports, only the budget
-applies.
+replica serves is more than `max_off_policy` behind the trainer's version (so the synchronous loop
+waits for the reload, as it should); with no replica reports, only the budget applies. The
+trainer's version is taken from its step events, which free the budget too: the weights event of
+the same step may arrive later, and a group issued in between would sample the old weights and be
+dropped as stale.
 """
 
 from __future__ import annotations
@@ -126,8 +128,9 @@ class Dispatcher:
 
     @property
     def fleet_caught_up(self) -> bool:
-        """Whether every running replica serves a version within `max_off_policy` of the newest published."""
-        return not self.served or min(self.served.values()) >= self.published_version - self.settings.max_off_policy
+        """Whether every running replica serves a version within `max_off_policy` of the trainer's."""
+        newest = max(self.published_version, self.policy_version)
+        return not self.served or min(self.served.values()) >= newest - self.settings.max_off_policy
 
     def step(self, timeout_s: float = 0.5) -> int:
         """Issues every group that fits the budget now; returns how many."""

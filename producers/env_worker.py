@@ -3,12 +3,30 @@
     reads:  <prefix>.tasks     (consumer group `env-workers`: more workers, more throughput)
     writes: <prefix>.rollouts, <prefix>.traces, <prefix>.deadletter
 
-For each `TaskAssigned` it runs the group's rollouts concurrently (at most `concurrency` at once),
-each with its own `Interceptor`, judges them with the taskset's reward functions, and publishes one
-`RolloutCompleted` and one `TraceRecorded` per rollout, keyed by group id. A harness that raises,
-hangs past `rollout_timeout_s`, or an inference error makes that rollout errored (published with
-the reason, never trained); the worker goes on. A task naming an unknown environment is
-dead-lettered. Offsets are committed after a group's events are flushed.
+It streams. Up to `concurrency` rollouts are in flight at all times, each on its own thread; the
+moment one finishes it is judged by the taskset's reward functions and published (one
+`RolloutCompleted` and one `TraceRecorded`, keyed by group id), and its slot takes the next
+rollout. Tasks are taken from the log only while a slot is free (backpressure), so a slow rollout
+never holds up another group and the scorer sees rollouts in completion order.
+
+    tasks ──poll while a slot is free──▶ [ slot × concurrency ] ──each as it ends──▶ rollouts, traces
+                                            │ environment (harness, tools, latency): no limit but the slot
+                                            └ generation requests: at most `inference_concurrency`
+
+Waiting on an environment holds a rollout slot, never an inference slot: generation requests to
+the fleet have their own limit (`inference_concurrency`), taken only around each call.
+
+Read positions. A task's offset is committed only once all of its rollouts are published and
+flushed: per partition, the position committed is the offset of the oldest task not yet fully
+published. A `kill -9` therefore loses nothing; the tasks after that point run again and their
+rollouts, whose ids are derived from group id and sample index, are recognised downstream as
+duplicates.
+
+A harness that raises, hangs past `rollout_timeout_s`, or an inference error makes that rollout
+errored (published with the reason, never trained); the worker goes on. A task naming an unknown
+environment is dead-lettered. On `close` the worker takes no new task, lets in-flight rollouts
+finish for up to `drain_s`, and publishes the rest errored (`abandoned`) with that reason, so
+every rollout of every task it took is accounted for.
 
 Harnesses (`rollwire.producers.harnesses`): completion, multi-turn chat with tools, and unmodified
 agent scripts behind an OpenAI-compatible endpoint. The taskset's harness runs in the configured
@@ -18,25 +36,26 @@ through the rollout's interception URL); a harness passed to the worker runs in 
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import math
 import random
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Literal
 
+from opentelemetry.context import Context
 from opentelemetry.trace import Status, StatusCode
 from pydantic import BaseModel, ConfigDict, Field
 
 from rollwire import telemetry
-from rollwire.bus import DeadLetters, EventConsumer, EventLog, EventProducer
+from rollwire.bus import CommitFailedError, DeadLetters, Delivery, EventConsumer, EventLog, EventProducer
 from rollwire.consumers.vllm_control import VllmControl, VllmError
 from rollwire.producers.assembly import assemble
 from rollwire.producers.harnesses import Harness, HarnessTimeout
-from rollwire.producers.runtimes import RUNTIMES, Runtime
 from rollwire.producers.interception import Interceptor
+from rollwire.producers.runtimes import RUNTIMES, Runtime
 from rollwire.producers.tasksets import RolloutView, Taskset
 from rollwire.schemas.base import now_ms
 from rollwire.schemas.rollout import (
@@ -84,18 +103,50 @@ class EnvWorkerSettings(BaseModel):
 
     group_id: str = "env-workers"
     """Consumer group shared by all env workers of a run."""
-    concurrency: int = Field(default=8, ge=1)
-    """Rollouts in flight at once in this worker."""
+    concurrency: int = Field(default=16, ge=1)
+    """Rollouts in flight at once in this worker (environment slots). A slot waiting on a slow
+    environment costs a sleeping thread, so this can be far above what the fleet serves at once."""
+    inference_concurrency: int = Field(default=32, ge=1)
+    """Generation requests this worker sends the fleet at once, whatever its rollouts are doing."""
     rollout_timeout_s: float = Field(default=120.0, gt=0)
     """A rollout still running after this long is published errored (`timeout`)."""
     runtime: Literal["in-process", "subprocess"] = "in-process"
     """Where the taskset's harness runs (`rollwire.producers.runtimes`)."""
     simulated_latency: SimulatedLatency | None = None
     """Add a random delay to every rollout (benchmarks); None in real runs."""
-    tasks_per_poll: int = Field(default=4, ge=1)
-    """Tasks taken from the log at once; their groups' rollouts share the `concurrency` slots."""
+    drain_s: float = Field(default=5.0, ge=0)
+    """On stop, how long in-flight rollouts may still finish; the rest are published `abandoned`."""
     name: str = "env-worker"
     """Producer name in event envelopes."""
+
+
+@dataclass(eq=False)
+class _Task:
+    """A task taken from the log whose rollouts are not all published yet."""
+
+    delivery: Delivery
+    taskset: Taskset
+    parent: Context
+    """Trace context of the task's send span: each rollout span is its child."""
+    unpublished: int
+
+
+@dataclass(eq=False)
+class _Slot:
+    """One rollout in flight."""
+
+    task: _Task
+    index: int
+    deadline: float
+    published: bool = False
+    """Set, under the worker's lock, by whichever publishes it first: its thread, the timeout
+    watchdog, or `close`."""
+
+
+def rollout_id(group_id: str, index: int) -> str:
+    """A rollout's id: the same for a task run twice (a redelivery after a crash), so consumers
+    drop the second run as a duplicate."""
+    return f"{group_id}-{index}"
 
 
 def trace_nodes(interceptor: Interceptor, branches: list[int]) -> list[TraceNode]:
@@ -130,48 +181,115 @@ class EnvWorker:
         self.producer = EventProducer(log.producer(), topics, name=self.settings.name)
         self.consumer = EventConsumer(log.consumer([topics.tasks], self.settings.group_id),
                                       DeadLetters(self.producer, self.settings.name), group=self.settings.group_id)
-        self.pool = concurrent.futures.ThreadPoolExecutor(self.settings.concurrency, thread_name_prefix="rollout")
         self.runtime: Runtime = RUNTIMES[self.settings.runtime]()
+        self.inference_slots = threading.BoundedSemaphore(self.settings.inference_concurrency)
         latency = self.settings.simulated_latency
         self._delay = latency.sampler() if latency else None
-        self._delay_lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the fields below and serialises sends
+        self._slots: set[_Slot] = set()
+        self._open: dict[tuple[str, int], dict[int, _Task]] = {}  # partition -> offset -> task
+        self._published = 0
+        self.published_total = 0
+        """Rollouts this worker has published (errored ones included)."""
+        self._committed: dict[tuple[str, int], int] = {}
+        self._freed = threading.Event()
+        self._closed = False
+
+    @property
+    def in_flight(self) -> int:
+        """Rollouts started and not yet published."""
+        return len(self._slots)
 
     def step(self, timeout_s: float = 1.0) -> int:
-        """Runs the groups of the tasks that arrive within `timeout_s`; returns rollouts published.
-
-        The rollouts of every group polled together run at once (at most `concurrency` at a time),
-        so a slow rollout in one group does not hold up the others'."""
-        published = 0
-        started = []
-        for delivery in self.consumer.poll_batch(self.settings.tasks_per_poll, timeout_s):
-            task: TaskAssigned = delivery.event
-            taskset = self.tasksets.get(task.environment)
-            if taskset is None:
-                self.consumer.dead_letter(delivery, f"no environment {task.environment!r} in this worker "
-                                                    f"(it runs {', '.join(sorted(self.tasksets))})")
-                continue
-            started.append((delivery, self._start_group(task, taskset, delivery.record.headers)))
-        for delivery, futures in started:
-            task = delivery.event
-            with self.consumer.process_span(delivery):
-                for rollout, trace in self._finish_group(task, futures):
-                    with telemetry.continued(rollout.traceparent):  # sends are children of the rollout span
-                        self.producer.send(self.topics.rollouts, rollout, key=task.group_id)
-                        self.producer.send(self.topics.traces, trace, key=task.group_id)
-                    published += 1
-        self.producer.flush()
-        self.consumer.commit()
+        """Takes tasks while slots are free (waiting up to `timeout_s` for one, or, when every slot
+        is busy, for a slot to free), times out overdue rollouts, commits what is fully published.
+        Returns the rollouts published since the previous call (they are sent as they finish)."""
+        wait = max(0.0, min(timeout_s, self._next_deadline() - time.monotonic()))
+        if self.in_flight < self.settings.concurrency:
+            self._take_tasks(wait)
+        else:
+            self._freed.wait(wait)  # backpressure: nothing is read from the log while all slots are busy
+        self._freed.clear()
+        self._expire_overdue()
+        self._commit_published()
+        with self._lock:
+            published, self._published = self._published, 0
         return published
 
-    def run_group(self, task: TaskAssigned, taskset: Taskset) -> list[tuple[RolloutCompleted, TraceRecorded]]:
-        return self._finish_group(task, self._start_group(task, taskset, ()))
+    def run(self, stop: threading.Event | None = None, *, idle_exit_s: float | None = None) -> int:
+        """Steps until `stop` is set, or until nothing was in flight or published for `idle_exit_s`;
+        returns the rollouts published."""
+        total, idle_since = 0, time.monotonic()
+        while stop is None or not stop.is_set():
+            count = self.step(timeout_s=0.5)
+            total += count
+            if count or self.in_flight:
+                idle_since = time.monotonic()
+            elif idle_exit_s is not None and time.monotonic() - idle_since > idle_exit_s:
+                break
+        return total
 
-    def _start_group(self, task: TaskAssigned, taskset: Taskset, headers) -> list[concurrent.futures.Future]:
-        """Each rollout's span is a child of the task's send span (the context in `headers`)."""
-        parent = telemetry.context_from_headers(headers)
-        return [self.pool.submit(self._traced_rollout, parent, task, taskset, i) for i in range(task.group_size)]
+    # -- taking tasks -----------------------------------------------------------------------------
 
-    def _traced_rollout(self, parent, task: TaskAssigned, taskset: Taskset, index: int
+    def _take_tasks(self, wait_s: float) -> None:
+        """Polls one task at a time while a slot is free: waits `wait_s` for the first, none after."""
+        while self.in_flight < self.settings.concurrency:
+            deliveries = self.consumer.poll_batch(1, wait_s)
+            wait_s = 0.0
+            if not deliveries:
+                return
+            self._start(deliveries[0])
+
+    def _start(self, delivery: Delivery) -> None:
+        task: TaskAssigned = delivery.event
+        taskset = self.tasksets.get(task.environment)
+        if taskset is None:
+            self.consumer.dead_letter(delivery, f"no environment {task.environment!r} in this worker "
+                                                f"(it runs {', '.join(sorted(self.tasksets))})")
+            return
+        with self.consumer.process_span(delivery):
+            parent = telemetry.context_from_headers(delivery.record.headers)
+        record = delivery.record
+        job = _Task(delivery, taskset, parent, unpublished=task.group_size)
+        deadline = time.monotonic() + self.settings.rollout_timeout_s
+        with self._lock:
+            self._open.setdefault((record.topic, record.partition), {})[record.offset] = job
+            slots = [_Slot(job, i, deadline) for i in range(task.group_size)]
+            self._slots.update(slots)
+        for slot in slots:
+            threading.Thread(target=self._run_slot, args=(slot,), name=f"rollout-{task.group_id}-{slot.index}",
+                             daemon=True).start()
+
+    # -- one rollout ------------------------------------------------------------------------------
+
+    def _run_slot(self, slot: _Slot) -> None:
+        try:
+            rollout, trace = self._traced_rollout(slot.task.parent, slot.task.delivery.event, slot.task.taskset,
+                                                  slot.index)
+        except Exception as exc:  # a bug of ours, not the harness's: still account for the rollout
+            logger.exception("rollout %d of group %s failed in the worker", slot.index, slot.task.delivery.event.group_id)
+            rollout, trace = self._errored(slot.task.delivery.event, slot.index, "harness_crash",
+                                           f"{type(exc).__name__}: {exc}")
+        self._publish(slot, rollout, trace)
+
+    def _publish(self, slot: _Slot, rollout: RolloutCompleted, trace: TraceRecorded) -> None:
+        """Sends the rollout and its trace unless the slot was published already (timed out or
+        abandoned meanwhile). Under the lock, so a commit sees a task complete only after its sends."""
+        with self._lock:
+            if slot.published:
+                return
+            slot.published = True
+            key = rollout.group_id
+            with telemetry.continued(rollout.traceparent):  # sends are children of the rollout span
+                self.producer.send(self.topics.rollouts, rollout, key=key)
+                self.producer.send(self.topics.traces, trace, key=key)
+            slot.task.unpublished -= 1
+            self._slots.discard(slot)
+            self._published += 1
+            self.published_total += 1
+        self._freed.set()
+
+    def _traced_rollout(self, parent: Context, task: TaskAssigned, taskset: Taskset, index: int
                         ) -> tuple[RolloutCompleted, TraceRecorded]:
         attributes = {"rollwire.group_id": task.group_id, "rollwire.environment": task.environment,
                       "rollwire.sample_index": index}
@@ -182,23 +300,11 @@ class EnvWorker:
                 span.set_status(Status(StatusCode.ERROR, f"{rollout.error.kind}: {rollout.error.message}"))
             return rollout.model_copy(update={"traceparent": telemetry.current_traceparent()}), trace
 
-    def _finish_group(self, task: TaskAssigned, futures: list[concurrent.futures.Future]
-                      ) -> list[tuple[RolloutCompleted, TraceRecorded]]:
-        deadline = time.monotonic() + self.settings.rollout_timeout_s
-        results = []
-        for i, future in enumerate(futures):
-            try:
-                results.append(future.result(timeout=max(0.0, deadline - time.monotonic())))
-            except concurrent.futures.TimeoutError:
-                results.append(self._errored(task, i, "timeout",
-                                             f"the harness ran past rollout_timeout_s = {self.settings.rollout_timeout_s:g}"))
-        return results
-
     def _rollout(self, task: TaskAssigned, taskset: Taskset, index: int) -> tuple[RolloutCompleted, TraceRecorded]:
-        interceptor = Interceptor(self.control, task.sampling, model=self.model)
+        interceptor = Interceptor(self.control, task.sampling, model=self.model, gate=self.inference_slots)
         started = time.perf_counter()
         if self._delay is not None:
-            with self._delay_lock:
+            with self._lock:
                 delay = self._delay()
             time.sleep(delay)
         try:
@@ -219,6 +325,7 @@ class EnvWorker:
                                               finish_reason=interceptor.finish_reason))
         inference = sum(c.latency_s for c in interceptor.calls)
         rollout = RolloutCompleted(
+            rollout_id=rollout_id(task.group_id, index),
             group_id=task.group_id, task_id=task.task_id, environment=task.environment, algorithm=task.algorithm,
             group_size=task.group_size, sample_index=index, prompt_token_ids=record.prompt_token_ids,
             completion_token_ids=record.completion_token_ids, completion_logprobs=record.completion_logprobs,
@@ -232,14 +339,76 @@ class EnvWorker:
 
     @staticmethod
     def _errored(task: TaskAssigned, index: int, kind: str, message: str) -> tuple[RolloutCompleted, TraceRecorded]:
-        rollout = RolloutCompleted(group_id=task.group_id, task_id=task.task_id, environment=task.environment,
-                                   algorithm=task.algorithm, group_size=task.group_size, sample_index=index,
+        rollout = RolloutCompleted(rollout_id=rollout_id(task.group_id, index), group_id=task.group_id,
+                                   task_id=task.task_id, environment=task.environment, algorithm=task.algorithm,
+                                   group_size=task.group_size, sample_index=index,
                                    error=RolloutError(kind=kind, message=message))
         logger.warning("rollout %d of group %s errored: %s", index, task.group_id, message)
         return rollout, TraceRecorded(rollout_id=rollout.rollout_id, group_id=task.group_id)
 
-    def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
-        self.runtime.close()
-        self.consumer.close()
-        self.producer.close()
+    # -- deadlines, commits, stop -----------------------------------------------------------------
+
+    def _next_deadline(self) -> float:
+        with self._lock:
+            return min((slot.deadline for slot in self._slots), default=math.inf)
+
+    def _expire_overdue(self) -> None:
+        """Publishes rollouts past `rollout_timeout_s` as errored; an in-process harness still
+        running keeps its thread until it returns, and its late result is discarded."""
+        now = time.monotonic()
+        with self._lock:
+            overdue = [slot for slot in self._slots if slot.deadline <= now]
+        for slot in overdue:
+            message = f"the harness ran past rollout_timeout_s = {self.settings.rollout_timeout_s:g}"
+            self._publish(slot, *self._errored(slot.task.delivery.event, slot.index, "timeout", message))
+
+    def _commit_published(self) -> None:
+        """Commits, per partition, up to the oldest task with an unpublished rollout (or everything
+        read, when none is open), after flushing what was sent for the tasks before it."""
+        assigned = set(self.consumer.assignment())
+        with self._lock:
+            offsets = self.consumer.read_offsets()
+            for tp, tasks in list(self._open.items()):
+                for offset in [o for o, job in tasks.items() if job.unpublished == 0]:
+                    del tasks[offset]
+                if tasks:
+                    offsets[tp] = min(tasks)
+                else:
+                    del self._open[tp]
+        offsets = {tp: o for tp, o in offsets.items() if tp in assigned and self._committed.get(tp) != o}
+        if not offsets:
+            return
+        self.producer.flush()  # every send made for the completed tasks is durable before their commit
+        try:
+            self.consumer.commit_offsets(offsets)
+        except CommitFailedError as exc:  # the group moved a partition: its new owner runs those tasks again
+            logger.warning("commit refused, tasks will be redelivered to another worker: %s", exc)
+            return
+        self._committed.update(offsets)
+
+    def close(self, drain_s: float | None = None) -> None:
+        """Stops taking tasks, lets in-flight rollouts finish for `drain_s` (default: the setting),
+        publishes the rest errored (`abandoned`), commits, and releases everything."""
+        if self._closed:
+            return
+        self._closed = True
+        drain_s = self.settings.drain_s if drain_s is None else drain_s
+        try:
+            deadline = time.monotonic() + drain_s
+            while self.in_flight and time.monotonic() < deadline:
+                self._freed.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+                self._freed.clear()
+                self._expire_overdue()
+            with self._lock:
+                left = list(self._slots)
+            if left:
+                logger.warning("stopping with %d rollouts in flight: published as abandoned", len(left))
+            for slot in left:
+                self._publish(slot, *self._errored(slot.task.delivery.event, slot.index, "abandoned",
+                                                   f"the env worker {self.settings.name} stopped before the rollout "
+                                                   f"finished (in-flight rollouts get drain_s = {drain_s:g} s)"))
+            self._commit_published()
+        finally:
+            self.runtime.close()
+            self.consumer.close()
+            self.producer.close()

@@ -12,6 +12,7 @@ sampling settings of the task are enforced on every call; a harness cannot chang
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -25,8 +26,11 @@ from rollwire.schemas.rollout import InferenceCall, SamplingParams, WeightVersio
 class Interceptor:
     """Records one rollout's calls; give each rollout its own."""
 
-    def __init__(self, control: VllmControl, sampling: SamplingParams, *, model: str | None = None) -> None:
+    def __init__(self, control: VllmControl, sampling: SamplingParams, *, model: str | None = None,
+                 gate: threading.Semaphore | None = None) -> None:
         self.control, self.sampling, self.model = control, sampling, model
+        self.gate = gate or contextlib.nullcontext()
+        """Held around each generation request: the worker's limit on requests in flight to the fleet."""
         self.calls: list[InferenceCall] = []
         self.finish_reason: str | None = None
         self.events: list[tuple[str, dict | int]] = []
@@ -37,21 +41,18 @@ class Interceptor:
 
     def complete(self, prompt: str) -> str:
         """Samples a continuation of `prompt` (raw text, special tokens allowed) and returns its text."""
-        ids = self.control._request("POST", "/tokenize", {"prompt": prompt, "add_special_tokens": False})["tokens"]
-        return self.complete_ids(ids)
+        return self.complete_ids(self.control.tokenize(prompt))
 
     def chat(self, messages: list[dict]) -> str:
         """Samples the assistant's next message: the server renders the chat template into token ids,
         generation stops at the end-of-turn token (kept in the record), the text comes back."""
-        rendered = self.control._request("POST", "/v1/chat/completions/render",
-                                         {"model": self.model or "policy", "messages": messages,
-                                          "add_generation_prompt": True})
+        rendered = self.control.render_chat(messages, model=self.model or "policy")
         messages = [{"role": m.get("role"), "content": m.get("content") or ""} for m in messages]
         with self._lock:  # messages not shown before (all of them when the history was edited)
             shown = self._shown
             new = messages[len(shown):] if messages[: len(shown)] == shown else messages
             self.events += [("message", m) for m in new]
-        text = self.complete_ids(rendered["token_ids"], stop_token_ids=self._end_of_turn())
+        text = self.complete_ids(rendered, stop_token_ids=self._end_of_turn())
         reply = {"role": "assistant", "content": text}
         with self._lock:
             self.events.append(("message", reply))
@@ -59,16 +60,17 @@ class Interceptor:
         return text
 
     def _end_of_turn(self) -> list[int]:
-        ids = self.control._request("POST", "/tokenize", {"prompt": END_OF_TURN, "add_special_tokens": False})["tokens"]
+        ids = self.control.tokenize(END_OF_TURN)
         return ids if len(ids) == 1 else []
 
     def complete_ids(self, prompt_ids: list[int], *, stop_token_ids: list[int] | None = None) -> str:
         """Samples a continuation of `prompt_ids`; records the call; returns the decoded text."""
         started = time.perf_counter()
         with telemetry.tracer().start_as_current_span("inference generate", kind=SpanKind.CLIENT) as span:
-            answer = self.control.generate(prompt_ids, max_tokens=self.sampling.max_tokens,
-                                           temperature=self.sampling.temperature, model=self.model,
-                                           stop_token_ids=stop_token_ids)
+            with self.gate:
+                answer = self.control.generate(prompt_ids, max_tokens=self.sampling.max_tokens,
+                                               temperature=self.sampling.temperature, model=self.model,
+                                               stop_token_ids=stop_token_ids)
             choice = answer["choices"][0]
             versions = [s["version"] for s in choice.get("weight_versions") or []]
             span.set_attributes({"gen_ai.request.model": self.model or "policy",
@@ -92,7 +94,7 @@ class Interceptor:
             completion = completion[:-1]  # the end-of-sequence or end-of-turn token: trained, never shown
         if not completion:
             return ""
-        return self.control._request("POST", "/detokenize", {"tokens": completion})["prompt"]
+        return self.control.detokenize(completion)
 
 
 END_OF_TURN = "<|im_end|>"

@@ -1,9 +1,10 @@
 """Writing and verifying checkpoints in the object store (layout: `rollwire.schemas.checkpoint`).
 
     publish(store, local_dir, prefix, ...)   every file, then manifest.json last
-    fetch(store, uri, manifest_sha256, dest) manifest digest, then each file's size and sha256,
-                                             then each safetensors header against the manifest;
-                                             only a fully verified directory appears at `dest`
+    fetch(store, uri, manifest_sha256, dest) manifest digest; the files in parallel, each hashed
+                                             and sized as its bytes stream in; then each
+                                             safetensors header against the manifest; only a
+                                             fully verified directory appears at `dest`
 
 Nothing here imports torch: subscribers verify bytes with the standard library alone.
 
@@ -15,6 +16,7 @@ Nothing here imports torch: subscribers verify bytes with the standard library a
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import json
 import os
@@ -30,6 +32,8 @@ from rollwire.objectstore import ObjectNotFoundError, ObjectStore
 from rollwire.schemas.checkpoint import MANIFEST_NAME, FileEntry, Manifest, TensorEntry
 
 _CHUNK = 1 << 20
+_PARALLEL_FILES = 4
+"""Files of one checkpoint downloaded at once."""
 
 
 class CheckpointError(RollwireError):
@@ -127,14 +131,9 @@ def fetch(store: ObjectStore, uri: str, manifest_sha256: str, dest: Path) -> Man
     dest.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.partial-"))
     try:
-        for entry in manifest.files:
-            target = staging / entry.name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                store.get_file(prefix + entry.name, target)
-            except ObjectNotFoundError as exc:
-                raise CorruptCheckpointError(f"{entry.name} is listed in the manifest of {uri} but missing") from exc
-            _verify_file(target, entry, uri)
+        with concurrent.futures.ThreadPoolExecutor(min(_PARALLEL_FILES, max(1, len(manifest.files)))) as pool:
+            for done in [pool.submit(_download, store, prefix, entry, staging, uri) for entry in manifest.files]:
+                done.result()  # the first failure, after every download has ended
         _verify_tensors(staging, manifest, uri)
         os.replace(staging, dest)
     finally:
@@ -143,14 +142,27 @@ def fetch(store: ObjectStore, uri: str, manifest_sha256: str, dest: Path) -> Man
     return manifest
 
 
-def _verify_file(path: Path, entry: FileEntry, uri: str) -> None:
-    size = path.stat().st_size
+def _download(store: ObjectStore, prefix: str, entry: FileEntry, staging: Path, uri: str) -> None:
+    """One file into `staging`, hashed as its bytes arrive: verifying costs no second pass."""
+    target = staging / entry.name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    digest, size = hashlib.sha256(), 0
+    try:
+        with open(target, "wb") as out:
+            for chunk in store.stream(prefix + entry.name, _CHUNK):
+                size += len(chunk)
+                if size > entry.size_bytes:
+                    break
+                digest.update(chunk)
+                out.write(chunk)
+    except ObjectNotFoundError as exc:
+        raise CorruptCheckpointError(f"{entry.name} is listed in the manifest of {uri} but missing") from exc
     if size != entry.size_bytes:
-        raise CorruptCheckpointError(f"{entry.name} of {uri} is {size} bytes, the manifest says {entry.size_bytes}")
-    digest = sha256_file(path)
-    if digest != entry.sha256:
-        raise CorruptCheckpointError(f"{entry.name} of {uri} has sha256 {digest[:12]}…, the manifest says "
-                                     f"{entry.sha256[:12]}…")
+        raise CorruptCheckpointError(f"{entry.name} of {uri} is {'over ' if size > entry.size_bytes else ''}{size} "
+                                     f"bytes, the manifest says {entry.size_bytes}")
+    if digest.hexdigest() != entry.sha256:
+        raise CorruptCheckpointError(f"{entry.name} of {uri} has sha256 {digest.hexdigest()[:12]}…, the manifest "
+                                     f"says {entry.sha256[:12]}…")
 
 
 def _verify_tensors(folder: Path, manifest: Manifest, uri: str) -> None:

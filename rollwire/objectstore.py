@@ -14,8 +14,9 @@ import os
 import shutil
 import tempfile
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, BinaryIO, Literal
 from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -41,6 +42,11 @@ class ObjectStore(ABC):
     @abstractmethod
     def get_file(self, key: str, path: Path) -> None:
         """Downloads `key` to `path`; raises `ObjectNotFoundError`."""
+
+    @abstractmethod
+    def stream(self, key: str, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
+        """The bytes of `key` in chunks of at most `chunk_bytes`, as they arrive (hash or write
+        them on the way); raises `ObjectNotFoundError` before the first chunk."""
 
     @abstractmethod
     def put_bytes(self, key: str, data: bytes) -> None:
@@ -69,6 +75,12 @@ class ObjectStore(ABC):
     @abstractmethod
     def key(self, uri: str) -> str:
         """The key of a URI of this store; raises `ConfigError` for a URI of another store."""
+
+
+def _chunks(source: BinaryIO, chunk_bytes: int) -> Iterator[bytes]:
+    with source:
+        while chunk := source.read(chunk_bytes):
+            yield chunk
 
 
 def _check_key(key: str) -> str:
@@ -115,6 +127,13 @@ class LocalStore(ObjectStore):
         if not source.is_file():
             raise ObjectNotFoundError(f"{self.uri(key)} does not exist")
         return source.read_bytes()
+
+    def stream(self, key: str, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
+        try:
+            source = open(self._path(key), "rb")
+        except (FileNotFoundError, IsADirectoryError):
+            raise ObjectNotFoundError(f"{self.uri(key)} does not exist") from None
+        return _chunks(source, chunk_bytes)
 
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
@@ -178,6 +197,20 @@ class S3Store(ObjectStore):
         response = self._call("reading", key, self._client.get_object, self.bucket, _check_key(key))
         try:
             return response.read()
+        finally:
+            response.close()
+            response.release_conn()
+
+    def stream(self, key: str, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
+        response = self._call("reading", key, self._client.get_object, self.bucket, _check_key(key))
+        return self._stream(key, response, chunk_bytes)
+
+    def _stream(self, key: str, response, chunk_bytes: int) -> Iterator[bytes]:
+        from urllib3.exceptions import HTTPError
+        try:
+            yield from response.stream(chunk_bytes)
+        except HTTPError as exc:
+            raise ObjectStoreError(f"reading {self.uri(key)} failed midway: {exc}") from exc
         finally:
             response.close()
             response.release_conn()

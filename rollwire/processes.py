@@ -13,3 +13,13 @@ def die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
     except (OSError, AttributeError):
         pass
+
+
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM (a supervisor's or `docker stop`'s request to stop) ends the process the way Ctrl-C
+    does: as a `KeyboardInterrupt`, so `finally` blocks drain, commit and close."""
+    signal.signal(signal.SIGTERM, _interrupt)

@@ -86,8 +86,8 @@ class RolloutTimings(Part):
 class RolloutError(Part):
     """Why a rollout has no usable result. Errored rollouts are published, counted, never trained."""
 
-    kind: Literal["harness_crash", "timeout", "inference", "reward", "invalid_task"]
-    """What failed."""
+    kind: Literal["harness_crash", "timeout", "inference", "reward", "invalid_task", "abandoned"]
+    """What failed; `abandoned`: the env worker stopped before the rollout finished."""
     message: str
     """Human-readable reason, e.g. the exception text or the exit code."""
 

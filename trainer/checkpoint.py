@@ -5,9 +5,12 @@ saved as one unit, so a restart resumes exactly.
         model/            save_pretrained (safetensors), or the adapter for LoRA
         optimizer.pt      optimizer state
         state.json        step, version, read positions, recent rollout ids, outbox
+    <checkpoint_dir>/step-00000012-drops-00000013/
+                          the same model and optimizer (hard links), later read positions, and
+                          an outbox of drops only: rollouts dropped while no batch formed
 
-It is written to `step-….partial` and renamed: a directory named `step-N` is always complete.
-The outbox holds the events of step N (train step, weights, drops); they are sent after the
+It is written to `….partial` and renamed: a directory without that suffix is always complete.
+The outbox holds the events of the commit (train step, weights, drops); they are sent after the
 rename, then `outbox-sent` is written. A restart that finds no `outbox-sent` sends them again,
 which consumers absorb (they dedupe on step and rollout id).
 """
@@ -30,36 +33,69 @@ class TrainerState:
     positions: dict[tuple[str, int], int] = field(default_factory=dict)
     seen: list[str] = field(default_factory=list)
     outbox: list[dict] = field(default_factory=list)
-    """Events to send for this step: `{"topic", "key", "event"}` with the event as JSON data."""
+    """Events to send for this commit: `{"topic", "key", "event"}` with the event as JSON data."""
+    commits: int = 0
+    """Checkpoints written so far, steps and drops-only commits together."""
 
     def to_json(self) -> str:
         return json.dumps({"step": self.step, "version": self.version,
                            "positions": [[t, p, o] for (t, p), o in sorted(self.positions.items())],
-                           "seen": self.seen, "outbox": self.outbox})
+                           "seen": self.seen, "outbox": self.outbox, "commits": self.commits})
 
     @classmethod
     def from_json(cls, text: str) -> TrainerState:
         raw = json.loads(text)
         return cls(step=raw["step"], version=raw["version"],
-                   positions={(t, p): o for t, p, o in raw["positions"]}, seen=raw["seen"], outbox=raw["outbox"])
+                   positions={(t, p): o for t, p, o in raw["positions"]}, seen=raw["seen"], outbox=raw["outbox"],
+                   commits=raw.get("commits", raw["step"]))
 
 
 def save(folder: Path, model, optimizer, state: TrainerState, keep: int = 2) -> Path:
-    """Writes checkpoint `state.step` atomically; keeps the newest `keep`."""
+    """Writes the checkpoint of step `state.step` atomically; keeps the newest `keep`."""
+    state.commits += 1
+    return _commit(folder, f"step-{state.step:08d}", state, keep, lambda partial: (
+        model.save_pretrained(partial / "model", safe_serialization=True),
+        torch.save(optimizer.state_dict(), partial / "optimizer.pt")))
+
+
+def save_drops(folder: Path, previous: Path | None, model, optimizer, state: TrainerState, keep: int = 2) -> Path:
+    """Writes a drops-only commit: the model and optimizer of `previous` (hard links, or written
+    when there is none yet) with `state`'s later read positions and outbox."""
+    state.commits += 1
+
+    def weights(partial: Path) -> None:
+        if previous is None:
+            model.save_pretrained(partial / "model", safe_serialization=True)
+            torch.save(optimizer.state_dict(), partial / "optimizer.pt")
+            return
+        for source in [previous / "optimizer.pt", *(p for p in (previous / "model").rglob("*") if p.is_file())]:
+            target = partial / source.relative_to(previous)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.link(source, target)
+
+    return _commit(folder, f"step-{state.step:08d}-drops-{state.commits:08d}", state, keep, weights)
+
+
+def _commit(folder: Path, name: str, state: TrainerState, keep: int, write_weights) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    final = folder / f"step-{state.step:08d}"
-    partial = folder / f"step-{state.step:08d}.partial"
+    final, partial = folder / name, folder / f"{name}.partial"
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir()
-    model.save_pretrained(partial / "model", safe_serialization=True)
-    torch.save(optimizer.state_dict(), partial / "optimizer.pt")
+    write_weights(partial)
     (partial / "state.json").write_text(state.to_json())
     _fsync_tree(partial)
     shutil.rmtree(final, ignore_errors=True)
     os.replace(partial, final)
-    for old in sorted(folder.glob("step-????????"))[:-keep]:
+    for old in _complete(folder)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _complete(folder: Path) -> list[Path]:
+    """Finished checkpoints, oldest first (names sort by step, then by commit)."""
+    if not folder.exists():
+        return []
+    return sorted(p for p in folder.glob("step-*") if not p.name.endswith(".partial") and (p / "state.json").exists())
 
 
 def mark_sent(path: Path) -> None:
@@ -73,7 +109,7 @@ def outbox_sent(path: Path) -> bool:
 
 def latest(folder: Path) -> Path | None:
     """The newest complete checkpoint, or None."""
-    done = sorted(p for p in folder.glob("step-????????") if (p / "state.json").exists()) if folder.exists() else []
+    done = _complete(folder)
     return done[-1] if done else None
 
 

@@ -14,6 +14,10 @@ One step, as a commit protocol:
 
 A crash before Step 5 redoes the step from the previous checkpoint on the same rollouts; a crash
 after it, before the mark, re-sends the outbox. Either way each rollout is trained once or dropped once.
+
+Rollouts dropped while no batch forms (all of a batch went stale, say) are reported at once by a
+drops-only commit (Steps 4-6 with the previous weights), not with the next step: the dispatcher
+counts them back into its budget, and until it does, the next batch may never be issued.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import time
 from pathlib import Path
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rollwire import telemetry
 from rollwire.bus import EventLog, EventProducer
@@ -73,6 +77,15 @@ class TrainerSettings(BaseModel):
     """Checkpoints kept."""
     seed: int = 0
     """Torch seed: the CPU path is deterministic for a given seed and batch order."""
+
+    @model_validator(mode="after")
+    def _replicas_can_keep_up(self) -> TrainerSettings:
+        if self.publish_every - 1 > self.batch.max_off_policy:
+            raise ValueError(f"publish_every = {self.publish_every} with batch.max_off_policy = "
+                             f"{self.batch.max_off_policy}: replicas only get every {self.publish_every}th version, "
+                             f"so every rollout would lag up to {self.publish_every - 1} versions and be dropped; "
+                             f"raise max_off_policy to {self.publish_every - 1} or lower publish_every")
+        return self
 
 
 def _means(rows: list[dict[str, float]]) -> dict[str, float]:
@@ -130,6 +143,8 @@ class Trainer:
         # Step 1
         batch = self.consumer.next_batch(self.state.version, timeout_s=timeout_s)
         if batch is None:
+            if self.consumer.drops:
+                self._commit_drops()
             return None
         waited = time.monotonic() - self._ready_since
         with telemetry.tracer().start_as_current_span(
@@ -167,6 +182,18 @@ class Trainer:
         logger.info("step %d: loss %s, reward %.3f, %d rollouts, staleness max %d", event.step, event.loss,
                     event.reward_mean, len(batch.rollouts), batch.staleness.max)
         return event
+
+    def _commit_drops(self) -> None:
+        """Steps 4-6 for drops alone: the model is unchanged, the read positions move past them."""
+        drops = self.consumer.take_drops()
+        self.state.outbox = [self._entry(self.topics.drops, d.rollout_ids[0], d) for d in self.consumer.drops_event(drops)]
+        self.consumer.flush()
+        self.state.positions = dict(self.consumer.positions)
+        self.state.seen = self.consumer.accounted_ids()
+        saved = checkpoint.save_drops(self.settings.checkpoint_dir, checkpoint.latest(self.settings.checkpoint_dir),
+                                      self.model, self.optimizer, self.state, keep=self.settings.keep_checkpoints)
+        self._send_outbox(saved)
+        logger.info("reported %s while no batch formed", ", ".join(f"{len(v)} {k}" for k, v in drops.items()))
 
     def _publish_weights(self) -> WeightsPublished:
         lora = self.settings.model.lora is not None

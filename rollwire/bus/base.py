@@ -17,7 +17,7 @@ Semantics, as Kafka defines them and the embedded log copies:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -120,10 +120,19 @@ class Consumer(ABC):
         batch = self.poll_batch(1, timeout_s)
         return batch[0] if batch else None
 
-    @abstractmethod
     def commit(self, records: Iterable[Record] | None = None) -> None:
         """Commits, synchronously, the position after each given record (default: after every
         record returned so far). Raises `CommitFailedError` for partitions no longer owned."""
+        self.commit_offsets(self.consumed_offsets() if records is None else next_offsets(records))
+
+    @abstractmethod
+    def commit_offsets(self, offsets: Mapping[tuple[str, int], int]) -> None:
+        """Commits, synchronously, the next offset to read of each (topic, partition) given; an
+        empty mapping commits nothing. Raises `CommitFailedError` for partitions no longer owned."""
+
+    @abstractmethod
+    def consumed_offsets(self) -> dict[tuple[str, int], int]:
+        """Per partition still assigned, the offset after the last record returned so far."""
 
     @abstractmethod
     def assignment(self) -> list[tuple[str, int]]:

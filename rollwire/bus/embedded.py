@@ -14,7 +14,7 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from rollwire.bus.base import (
@@ -29,14 +29,18 @@ from rollwire.bus.base import (
     Record,
     StartAt,
     TopicConfig,
-    next_offsets,
 )
 from rollwire.bus.embedded_groups import GroupMember, committed_offsets
 from rollwire.bus.embedded_store import Append, TopicFile, topic_names
+from rollwire.bus.embedded_wakeup import TopicWatch
 from rollwire.bus.errors import BusError, DeliveryError, TopicError
 from rollwire.bus.partitioner import partition_for
 
 logger = logging.getLogger(__name__)
+
+_MAX_WAIT_S = 1.0
+"""Longest a consumer sleeps between two looks at its topics, woken or not: a safety net, should a
+wake-up ever be lost (say, a bell file deleted under a running log)."""
 
 _CLEAN_EVERY = 1000
 """Appended records between two compaction or retention passes of a topic."""
@@ -152,6 +156,7 @@ class EmbeddedConsumer(Consumer):
         if not topics:
             raise BusError("a consumer needs at least one topic")
         self._files = {t: TopicFile(root, t) for t in topics}
+        self._watch = TopicWatch(root / "topics", topics)
         self._reset, self._fetch_records = reset, fetch_records
         self._positions: dict[tuple[str, int], int] = {}   # next offset to fetch
         self._consumed: dict[tuple[str, int], int] = {}    # offset after the last record returned
@@ -213,12 +218,12 @@ class EmbeddedConsumer(Consumer):
 
     def poll_batch(self, max_records: int, timeout_s: float = 1.0) -> list[Record]:
         deadline = time.monotonic() + timeout_s
-        pause = 0.001
         while True:
             self._refresh_assignment()
             if not self._buffer and self._positions:
                 self._fetch()
             if self._buffer:
+                self._watch.woke()
                 batch = [self._buffer.popleft() for _ in range(min(max_records, len(self._buffer)))]
                 for r in batch:
                     self._consumed[(r.topic, r.partition)] = r.offset + 1
@@ -226,13 +231,15 @@ class EmbeddedConsumer(Consumer):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return []
-            time.sleep(min(pause, remaining))
-            pause = min(pause * 2, 0.02)
+            # Woken by an append to one of our topics; a group member also looks at its assignment.
+            self._watch.wait(min(remaining, self._refresh_interval if self._member else _MAX_WAIT_S))
 
-    def commit(self, records: Iterable[Record] | None = None) -> None:
+    def consumed_offsets(self) -> dict[tuple[str, int], int]:
+        return dict(self._consumed)
+
+    def commit_offsets(self, offsets: Mapping[tuple[str, int], int]) -> None:
         if self._member is None:
             raise BusError("a reader has no group to commit to: use EventLog.consumer(group_id=...)")
-        offsets = dict(self._consumed) if records is None else next_offsets(records)
         if offsets:
             self._member.commit(offsets)
 
@@ -244,6 +251,7 @@ class EmbeddedConsumer(Consumer):
         if self._member is not None:
             self._member.leave()
             self._member = None
+        self._watch.close()
         for file in self._files.values():
             file.close()
         self._files = {}

@@ -1,5 +1,6 @@
 """Storage of the embedded event log: one SQLite file per topic, safe across processes.
 
+    <root>/topics/<topic>.bell                   rung after every committed append (`embedded_wakeup`)
     <root>/topics/<topic>.sqlite
         config(name, value)                      partitions, compacted, retention_ms, max_message_bytes
         partitions(partition, next_offset)       the high watermark of each partition
@@ -24,6 +25,7 @@ from pathlib import Path
 import msgpack
 
 from rollwire.bus.base import Record, TopicConfig
+from rollwire.bus.embedded_wakeup import Doorbell
 from rollwire.bus.errors import TopicError
 
 _TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
@@ -88,6 +90,7 @@ class TopicFile:
             raise TopicError(f"topic {name!r} does not exist in {root}: create it first "
                              "(EventLog.create_topics, or `rollwire topics --create`)")
         self.conn = connect(self.path, fsync=fsync)
+        self._bell: Doorbell | None = None
         rows = dict(self.conn.execute("SELECT name, value FROM config").fetchall())
         if "partitions" not in rows:
             raise TopicError(f"topic {name!r} is being created or its file is damaged: {self.path}")
@@ -139,6 +142,7 @@ class TopicFile:
         except BaseException:
             conn.execute("ROLLBACK")
             raise
+        self._doorbell().ring()  # after the commit: a consumer woken now sees the records
 
     def clean(self) -> None:
         """Applies compaction (keep the newest record per key) or retention (drop old records)."""
@@ -175,7 +179,14 @@ class TopicFile:
         return [Record(topic=self.name, partition=partition, offset=o, key=k, value=v, timestamp_ms=ts,
                        headers=_headers(h)) for o, ts, k, v, h in rows]
 
+    def _doorbell(self) -> Doorbell:
+        if self._bell is None:
+            self._bell = Doorbell(self.path.parent, self.name)
+        return self._bell
+
     def close(self) -> None:
+        if self._bell is not None:
+            self._bell.close()
         self.conn.close()
 
 

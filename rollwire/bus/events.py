@@ -14,7 +14,7 @@ before committing, so a record is never committed past without being either hand
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -165,6 +165,16 @@ class EventConsumer:
         dead-lettered records included)."""
         self.dead_letters.flush()
         self._consumer.commit(None if deliveries is None else [d.record for d in deliveries])
+
+    def commit_offsets(self, offsets: Mapping[tuple[str, int], int]) -> None:
+        """Flushes dead letters, then commits `offsets` (the next offset to read per partition)."""
+        self.dead_letters.flush()
+        self._consumer.commit_offsets(offsets)
+
+    def read_offsets(self) -> dict[tuple[str, int], int]:
+        """Per assigned partition, the offset after the last record read: decoded, dead-lettered or
+        a tombstone."""
+        return self._consumer.consumed_offsets()
 
     def assignment(self) -> list[tuple[str, int]]:
         """The (topic, partition) pairs the underlying consumer reads now."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import confluent_kafka
@@ -30,7 +30,6 @@ from rollwire.bus.base import (
     Record,
     StartAt,
     TopicConfig,
-    next_offsets,
 )
 from rollwire.bus.errors import BusError, CommitFailedError, DeliveryError, TopicError
 
@@ -190,10 +189,12 @@ class KafkaConsumer(Consumer):
                     batch.append(record)
         return batch
 
-    def commit(self, records: Iterable[Record] | None = None) -> None:
+    def consumed_offsets(self) -> dict[tuple[str, int], int]:
+        return dict(self._consumed)
+
+    def commit_offsets(self, offsets: Mapping[tuple[str, int], int]) -> None:
         if not self._grouped:
             raise BusError("a reader has no group to commit to: use EventLog.consumer(group_id=...)")
-        offsets = dict(self._consumed) if records is None else next_offsets(records)
         if not offsets:
             return
         try:

@@ -59,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from rollwire.errors import RollwireError
+    from rollwire.processes import stop_on_sigterm
+    stop_on_sigterm()  # commands that own a server (inference, faust's score) install their own handler
     provider = None
     try:
         if args.traces != "none":

@@ -51,7 +51,10 @@ def add_env_worker(sub) -> None:
     worker.add_argument("--runtime", choices=["in-process", "subprocess"], default="in-process",
                         help="where the taskset's harness runs: in this process, or in a child process per rollout "
                              "that reaches the model through the rollout's interception URL (default: %(default)s)")
-    worker.add_argument("--concurrency", type=int, default=8, help="rollouts at once (default: %(default)s)")
+    worker.add_argument("--concurrency", type=int, default=16,
+                        help="rollouts in flight at once, waiting on environments included (default: %(default)s)")
+    worker.add_argument("--inference-concurrency", type=int, default=32,
+                        help="generation requests in flight to the server at once (default: %(default)s)")
     worker.add_argument("--exit-when-idle", type=float, metavar="SECONDS", help="stop after SECONDS without tasks")
     add_bus_options(worker)
     worker.set_defaults(run=cmd_env_worker)
@@ -113,23 +116,18 @@ def cmd_env_worker(args: argparse.Namespace) -> int:
     topics = Topics(args.prefix)
     server = InterceptionServer() if args.agent_command else None
     harness = script_harness(shlex.split(args.agent_command), server) if server else None
-    published = 0
     with open_log(bus_settings(args)) as log:
         log.create_topics(catalog_topics(topics))
         worker = EnvWorker(log, topics, VllmControl(args.base_url), tasksets,
-                           EnvWorkerSettings(concurrency=args.concurrency, runtime=args.runtime), harness=harness)
-        idle_since = time.monotonic()
+                           EnvWorkerSettings(concurrency=args.concurrency, runtime=args.runtime,
+                                             inference_concurrency=args.inference_concurrency), harness=harness)
         try:
-            while args.exit_when_idle is None or time.monotonic() - idle_since < args.exit_when_idle:
-                count = worker.step(timeout_s=1.0)
-                published += count
-                if count:
-                    idle_since = time.monotonic()
+            worker.run(idle_exit_s=args.exit_when_idle)
         except KeyboardInterrupt:
             pass
         finally:
             worker.close()
             if server:
                 server.shutdown()
-    print(json.dumps({"rollouts_published": published}))
+    print(json.dumps({"rollouts_published": worker.published_total}))
     return 0

@@ -75,9 +75,9 @@ class EnvWorkersRecipe(_Section):
     count: int = Field(default=1, ge=1)
     """Env worker processes (one consumer group)."""
     concurrency: int = Field(default=16, ge=1)
-    """Rollouts in flight per worker."""
-    tasks_per_poll: int = Field(default=4, ge=1)
-    """Groups a worker takes from the log at once."""
+    """Rollouts in flight per worker (environment slots; a rollout waiting on its environment holds one)."""
+    inference_concurrency: int = Field(default=32, ge=1)
+    """Generation requests in flight per worker to the fleet."""
     runtime: Literal["in-process", "subprocess"] = "in-process"
     """Where harnesses run (`rollwire.producers.runtimes`)."""
     simulated_latency: SimulatedLatency | None = None

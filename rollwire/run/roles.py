@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 import time
 from pathlib import Path
 
 from rollwire import telemetry
 from rollwire.bus import catalog_topics, open_log
+from rollwire.processes import stop_on_sigterm
 from rollwire.run.recipe import RunRecipe
 from rollwire.schemas.topics import Topics
 
@@ -78,13 +78,12 @@ def run_env_worker(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
     from rollwire.producers.tasksets import load_taskset
     tasksets = {e.name: load_taskset(e.name, **e.options) for e in recipe.environments}
     settings = EnvWorkerSettings(concurrency=recipe.env_workers.concurrency, name=f"env-worker-{index}",
-                                 tasks_per_poll=recipe.env_workers.tasks_per_poll,
+                                 inference_concurrency=recipe.env_workers.inference_concurrency,
                                  simulated_latency=recipe.env_workers.simulated_latency,
                                  runtime=recipe.env_workers.runtime)
     worker = EnvWorker(log, topics, VllmControl(base_url(recipe)), tasksets, settings)
     try:
-        while True:
-            worker.step(timeout_s=1.0)
+        worker.run()
     finally:
         worker.close()
 
@@ -108,10 +107,6 @@ RUNNERS = {"replica": run_replica, "scorer": run_scorer, "trainer": run_trainer,
            "dispatcher": run_dispatcher}
 
 
-def _stop_on_sigterm(*_) -> None:
-    raise KeyboardInterrupt
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rollwire.run.roles",
                                      description="one component of a `rollwire run` (started by its supervisor)")
@@ -123,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                                                    "%(name)s: %(message)s")
     recipe = RunRecipe.model_validate_json(args.recipe.read_text())
     if args.role != "replica":  # the replica handles SIGTERM itself: it must stop its vLLM server
-        signal.signal(signal.SIGTERM, _stop_on_sigterm)
+        stop_on_sigterm()
     if args.role == "trainer":
         import torch
         torch.set_num_threads(recipe.trainer_threads)

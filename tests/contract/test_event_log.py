@@ -196,3 +196,17 @@ def test_missing_topics_and_oversized_records_are_reported(log, new_topic, group
         assert len(caught.value.failures) == 1
         producer.send(small, b"fits", key=b"k")  # the producer goes on after a failed record
     assert [r.value for r in read_all(log, small, 1)] == [b"fits"]
+
+
+def test_a_waiting_reader_wakes_when_another_process_appends(log, new_topic, bus_settings):
+    topic = new_topic(partitions=2)
+    with log.reader([topic], AtOffsets({})) as reader:  # at the end: nothing to read yet
+        assert reader.poll_batch(10, 0.2) == []
+        child = subprocess.Popen([sys.executable, CHILD, "produce", bus_settings.model_dump_json(), topic, "late", "1"],
+                                 stdout=subprocess.DEVNULL)
+        started = time.monotonic()
+        batch = reader.poll_batch(10, 60.0)
+        waited = time.monotonic() - started
+        child.wait(timeout=60)
+    assert [r.value for r in batch] == [b"late:0"]
+    assert waited < 30, "the reader slept through the append until its timeout"

@@ -44,6 +44,15 @@ def checkpoint(tmp_path) -> Path:
     return folder
 
 
+def test_an_object_streams_in_chunks_and_a_missing_one_fails_before_the_first(store):
+    data = bytes(range(256)) * 1000
+    store.put_bytes("s/big.bin", data)
+    chunks = list(store.stream("s/big.bin", chunk_bytes=4096))
+    assert b"".join(chunks) == data and len(chunks) >= len(data) // 4096 and max(map(len, chunks)) <= 4096
+    with pytest.raises(ObjectNotFoundError):
+        store.stream("s/none.bin")
+
+
 def test_objects_round_trip_and_list(store, tmp_path):
     store.put_bytes("a/b/one.bin", b"1")
     (tmp_path / "two.bin").write_bytes(b"22")

@@ -110,6 +110,28 @@ def test_stale_bad_and_duplicate_rollouts_are_accounted_and_training_goes_on(wor
     assert store.exists("policy/v00000003/manifest.json")
 
 
+def test_stale_rollouts_are_reported_at_once_when_no_batch_forms_and_once_only(world, tmp_path, tiny_policy):
+    """A dispatcher waits for drops to be counted back before it issues more work: drops that
+    waited for the next step could stall a run whose next batch is never issued."""
+    log, topics, store = world
+    send_scored(log, topics, [scored(i) for i in range(4)] + [scored(10 + i, version=1) for i in range(4)])
+    trainer = Trainer(log, topics, store, settings(tmp_path, tiny_policy))
+    assert trainer.step(timeout_s=2).step == 1 and trainer.step(timeout_s=2).step == 2
+    send_scored(log, topics, [scored(20 + i, version=0) for i in range(3)])  # 2 behind, max_off_policy 1
+    assert trainer.step(timeout_s=1) is None
+    trainer.close()
+    dropped = [e.rollout_ids for e in events(log, topics.drops)]
+    assert dropped == [["r20", "r21", "r22"]]
+
+    resumed = Trainer(log, topics, store, settings(tmp_path, tiny_policy))  # from the drops-only commit
+    assert resumed.state.step == 2 and resumed.step(timeout_s=1) is None
+    send_scored(log, topics, [scored(30 + i, version=2) for i in range(4)])
+    third = resumed.step(timeout_s=2)
+    resumed.close()
+    assert third.step == 3 and third.drops == {} and third.rollout_ids == [f"r{30 + i}" for i in range(4)]
+    assert [e.rollout_ids for e in events(log, topics.drops)] == [["r20", "r21", "r22"]], "reported once"
+
+
 def test_kill_9_mid_run_then_restart_trains_every_rollout_once_or_drops_it(world, tmp_path, tiny_policy):
     log, topics, store = world
     everything = [scored(i, version=v) for v in range(6) for i in range(v * 100, v * 100 + 16)]

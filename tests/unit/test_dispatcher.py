@@ -74,3 +74,26 @@ def test_no_group_is_issued_while_the_fleet_serves_weights_older_than_the_budget
     dispatcher.step()
     assert dispatcher.served == {}  # a stopped replica no longer holds the fleet back
     dispatcher.close()
+
+
+def test_a_step_seen_before_its_weights_event_already_holds_the_next_batch_back(tmp_path):
+    """The trainer sends its step event, then its weights event: in between, the step has freed the
+    budget but the new version is not served. A batch issued then would sample the old weights."""
+    from rollwire.schemas.weights import ReplicaStatus
+    topics = Topics("race")
+    log = open_log(EmbeddedBusSettings(path=tmp_path / "log"))
+    log.create_topics(catalog_topics(topics))
+    mix = [(EnvironmentMix(name="reverse-digits", group_size=4), load_taskset("reverse-digits", count=50))]
+    dispatcher = Dispatcher(log, topics, mix, DispatcherSettings(max_off_policy=0, batch_rollouts=4))
+    others = EventProducer(log.producer(), topics, name="others")
+    others.send(topics.fleet, ReplicaStatus(replica_id="r0", state="serving", serving_version=0), key="r0")
+    others.flush()
+    assert dispatcher.step() == 1
+    others.send(topics.train, TrainStepCompleted(step=1, policy_version=1, rollout_ids=["a", "b", "c", "d"]),
+                key="policy")
+    others.flush()
+    assert dispatcher.in_flight == 4 and dispatcher.step() == 0 and dispatcher.in_flight == 0
+    others.send(topics.fleet, ReplicaStatus(replica_id="r0", state="serving", serving_version=1), key="r0")
+    others.flush()
+    assert dispatcher.step() == 1
+    dispatcher.close()
