@@ -35,6 +35,8 @@ import json
 import statistics
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 from hops import step_hops, table
@@ -61,6 +63,7 @@ sampling = {{ temperature = 1.0, max_tokens = 8 }}
 [env_workers]
 concurrency = {concurrency}
 inference_concurrency = {inference_concurrency}
+inference_window_s = {inference_window}
 simulated_latency = {{ distribution = "{distribution}", scale_s = {scale}, sigma = 1.0, alpha = 1.5, max_s = 20, seed = 1 }}
 [trainer]
 micro_batch_rollouts = 32
@@ -72,12 +75,59 @@ max_model_len = 64
 """
 
 
+class CpuSampler:
+    """CPU seconds used by each kind of process of a run (the roles and vLLM), sampled every second,
+    so the time spent per rollout can be told apart by component."""
+
+    def __init__(self) -> None:
+        import psutil
+        self._me = psutil.Process()
+        self.samples: list[tuple[float, dict[str, float]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _kind(process) -> str:
+        try:
+            argv = process.cmdline()
+        except Exception:
+            return "other"
+        if "rollwire.run.roles" in argv:
+            return argv[argv.index("rollwire.run.roles") + 1]
+        return "vllm" if any("vllm" in a.lower() for a in argv) or "vllm" in process.name().lower() else "other"
+
+    def _run(self) -> None:
+        seen: dict[int, tuple[str, float]] = {}
+        while not self._stop.wait(1.0):
+            for child in self._me.children(recursive=True):
+                try:
+                    times = child.cpu_times()
+                    seen[child.pid] = (self._kind(child), times.user + times.system)
+                except Exception:
+                    continue
+            totals: dict[str, float] = {}
+            for kind, cpu in seen.values():
+                totals[kind] = totals.get(kind, 0.0) + cpu
+            self.samples.append((time.time() * 1000, totals))
+
+    def between(self, start_ms: float, end_ms: float) -> dict[str, float]:
+        """CPU seconds per kind between two times (the nearest samples)."""
+        self._stop.set()
+        self._thread.join()
+        first = min(self.samples, key=lambda s: abs(s[0] - start_ms))[1]
+        last = min(self.samples, key=lambda s: abs(s[0] - end_ms))[1]
+        return {kind: last.get(kind, 0.0) - first.get(kind, 0.0) for kind in last}
+
+
 def measure(folder: Path, name: str, max_off_policy: int, steps: int, distribution: str, scale: float,
             warmup: int, args: argparse.Namespace) -> dict:
     path = folder / f"{name}.toml"
     path.write_text(RECIPE.format(steps=steps, distribution=distribution, scale=scale, max_off_policy=max_off_policy,
-                                  concurrency=args.concurrency, inference_concurrency=args.inference_concurrency))
+                                  concurrency=args.concurrency, inference_concurrency=args.inference_concurrency,
+                                  inference_window=args.inference_window))
     recipe = load_recipe(path, run_dir=str(folder / name))
+    sampler = CpuSampler()
     result = run(recipe, console=Console(stderr=True, quiet=True))
     if result.interrupted or result.steps < steps:
         raise SystemExit(f"{name}: the run stopped at step {result.steps} of {steps}")
@@ -86,7 +136,10 @@ def measure(folder: Path, name: str, max_off_policy: int, steps: int, distributi
     seconds = (window[-1]["time_ms"] - rows[warmup - 1]["time_ms"]) / 1000
     with open_log(EmbeddedBusSettings(path=recipe.run_dir / "log")) as log:
         hops = [s for s in step_hops(log, Topics(recipe.prefix)) if s.step > warmup]
+    trained = sum(r["rollouts"] for r in window)
+    cpu = sampler.between(rows[warmup - 1]["time_ms"], window[-1]["time_ms"])
     return {"name": name, "max_off_policy": max_off_policy, "seconds": seconds,
+            "cpu_ms_per_rollout": {k: v * 1000 / trained for k, v in sorted(cpu.items()) if v > 0},
             "samples_per_s": sum(r["rollouts"] for r in window) / seconds,
             "idle": sum(r["wait_s"] for r in window) / seconds,
             "staleness": sum(r["staleness_mean"] for r in window) / len(window),
@@ -110,6 +163,8 @@ def main() -> int:
                              "(default: %(default)s)")
     parser.add_argument("--inference-concurrency", type=int, default=64,
                         help="generation requests in flight to vLLM (default: %(default)s)")
+    parser.add_argument("--inference-window", type=float, default=0.03,
+                        help="seconds a generation request may wait to reach vLLM in a batch (default: %(default)s)")
     args = parser.parse_args()
     settings = [int(v) for v in args.settings.split(",")]
     latencies = [v for v in args.latencies.split(",") if v]
@@ -117,7 +172,8 @@ def main() -> int:
         raise SystemExit("--settings must include 0 (the synchronous baseline) and at least one other value")
     if any(d not in ("lognormal", "pareto") for d in latencies):
         raise SystemExit("--latencies takes lognormal and/or pareto")
-    print(f"env-worker concurrency {args.concurrency}, inference concurrency {args.inference_concurrency}; "
+    print(f"env-worker concurrency {args.concurrency}, inference concurrency {args.inference_concurrency}, "
+          f"inference window {args.inference_window * 1000:.0f} ms; "
           f"batch 32 rollouts, groups of 8", flush=True)
     results: dict[tuple[str, int], dict] = {}
     with tempfile.TemporaryDirectory(prefix="rollwire-bench-") as tmp:
@@ -133,6 +189,8 @@ def main() -> int:
                 print(f"{latency:>9}  max_off_policy={value:>2}  {r['samples_per_s']:7.1f} samples/s  "
                       f"hiding {r['samples_per_s'] / zero:5.2f}  trainer idle {r['idle']:6.1%}  staleness mean "
                       f"{r['staleness']:.2f} max {r['staleness_max']}  ({r['seconds']:.0f} s measured)", flush=True)
+                print("           CPU ms per trained rollout: " + ", ".join(
+                    f"{k} {v:.1f}" for k, v in r["cpu_ms_per_rollout"].items()), flush=True)
     zero_step = statistics.median(s.total_s for s in results[("zero", 0)]["hops"])
     floors = {}
     for latency in latencies:

@@ -22,9 +22,8 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import httpx
-
 from rollwire.errors import RollwireError
+from rollwire.http import HttpError, JsonClient
 
 
 class VllmError(RollwireError):
@@ -38,25 +37,17 @@ class VllmControl:
     def __init__(self, base_url: str, *, timeout_s: float = 120.0, max_connections: int = 256) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
-        self._client = httpx.Client(base_url=self.base_url, timeout=timeout_s,
-                                    limits=httpx.Limits(max_connections=max_connections,
-                                                        max_keepalive_connections=max_connections))
+        self._http = JsonClient(self.base_url, timeout_s=timeout_s, max_connections=max_connections)
         self._tokenized = functools.lru_cache(maxsize=4096)(self._tokenize)
 
     def _request(self, method: str, path: str, body: Any = None, timeout_s: float | None = None) -> Any:
         try:
-            response = self._client.request(method, path, json=body, timeout=timeout_s or self.timeout_s)
-        except httpx.HTTPError as exc:
-            raise VllmError(f"{method} {path} failed: {type(exc).__name__}: {exc}") from exc
-        if response.is_error:
-            raise VllmError(f"{method} {path} answered HTTP {response.status_code}: {response.content[:1000]!r}")
-        try:
-            return response.json() if response.content else None
-        except ValueError:  # some routes answer plain text, e.g. "Success: LoRA adapter … added"
-            return response.text
+            return self._http.request(method, path, body, timeout_s=timeout_s)
+        except HttpError as exc:
+            raise VllmError(str(exc)) from exc
 
     def close(self) -> None:
-        self._client.close()
+        self._http.close()
 
     def healthy(self) -> bool:
         try:
@@ -122,16 +113,12 @@ class VllmControl:
         body = {"token_ids": list(token_ids), "stream": True,
                 "sampling_params": _sampling(max_tokens, temperature, True, seed, ignore_eos)}
         try:
-            with self._client.stream("POST", "/inference/v1/generate", json=body) as response:
-                if response.is_error:
-                    raise VllmError(f"POST /inference/v1/generate answered HTTP {response.status_code}: "
-                                    f"{response.read()[:1000]!r}")
-                for line in response.iter_lines():
-                    line = line.strip()
-                    if line.startswith("data:") and line != "data: [DONE]":
-                        yield json.loads(line[5:])
-        except httpx.HTTPError as exc:
-            raise VllmError(f"POST /inference/v1/generate (stream) failed: {type(exc).__name__}: {exc}") from exc
+            for line in self._http.stream_lines("POST", "/inference/v1/generate", body):
+                line = line.strip()
+                if line.startswith("data:") and line != "data: [DONE]":
+                    yield json.loads(line[5:])
+        except HttpError as exc:
+            raise VllmError(str(exc)) from exc
 
     def tokenize(self, text: str) -> list[int]:
         """The server's token ids of `text` (special tokens written in it are kept, none are added);

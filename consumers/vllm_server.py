@@ -58,6 +58,9 @@ class VllmServerSettings(BaseModel):
     """Largest adapter rank accepted."""
     startup_timeout_s: float = Field(default=600.0, gt=0)
     """How long to wait for `/health` after starting."""
+    access_log: bool = False
+    """Log every HTTP request (uvicorn's access log); at hundreds of requests a second it costs CPU
+    the engine needs."""
     extra_args: list[str] = Field(default_factory=list)
     """More `vllm serve` arguments, passed through."""
     log_path: Path | None = None
@@ -102,6 +105,8 @@ class VllmServer:
                 "--dtype", s.dtype, "--max-model-len", str(s.max_model_len), "--enable-scale-out"]
         if s.enforce_eager:
             args.append("--enforce-eager")
+        if not s.access_log:
+            args.append("--disable-uvicorn-access-log")
         if s.enable_lora:
             args += ["--enable-lora", "--max-loras", str(s.max_loras), "--max-lora-rank", str(s.max_lora_rank)]
         return args + s.extra_args

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import itertools
-import json
 import statistics
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
 from rollwire.errors import RollwireError
+from rollwire.http import HttpError, JsonClient
 from rollwire.producers.tasksets import RolloutView, Taskset
 
 
@@ -37,22 +35,17 @@ class EvalResult:
 
 
 class OpenAIEndpoint:
-    """A minimal OpenAI-compatible client (standard library only)."""
+    """A minimal OpenAI-compatible client."""
 
     def __init__(self, base_url: str, model: str, *, api_key: str = "EMPTY", timeout_s: float = 120.0) -> None:
-        self.base_url, self.model, self.api_key, self.timeout_s = base_url.rstrip("/"), model, api_key, timeout_s
+        self.base_url, self.model = base_url.rstrip("/"), model
+        self._http = JsonClient(self.base_url, timeout_s=timeout_s, headers={"Authorization": f"Bearer {api_key}"})
 
     def _post(self, path: str, body: dict) -> dict:
-        request = urllib.request.Request(self.base_url + path, data=json.dumps({"model": self.model, **body}).encode(),
-                                         headers={"Content-Type": "application/json",
-                                                  "Authorization": f"Bearer {self.api_key}"})
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                return json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            raise EndpointError(f"{path} answered HTTP {exc.code}: {exc.read()[:500]!r}") from exc
-        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
-            raise EndpointError(f"{self.base_url}{path} failed: {exc}") from exc
+            return self._http.request("POST", path, {"model": self.model, **body})
+        except HttpError as exc:
+            raise EndpointError(str(exc)) from exc
 
     def answer(self, row: dict[str, Any], *, temperature: float, max_tokens: int) -> tuple[str, str | None]:
         """The model's text for a row, and its finish reason."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Callable
 
 from opentelemetry.trace import SpanKind
 
@@ -23,11 +24,64 @@ from rollwire.consumers.vllm_control import VllmControl
 from rollwire.schemas.rollout import InferenceCall, SamplingParams, WeightVersionSpan
 
 
+class InferenceGate:
+    """How an env worker's rollouts reach the fleet: at most `limit` generation requests in flight,
+    and, with `window_s` > 0, requests sent together in waves.
+
+    A request that finds no wave open opens one and waits up to `window_s` for others to join; the
+    wave leaves at its deadline, as soon as it is as large as the free capacity, or when no other
+    request can join it (`rollouts()`, the rollouts in flight in the worker, are all in the wave or
+    at the server). A small model on a CPU costs the engine about as much per step for one sequence
+    as for dozens, so requests that trickle in (slow, long-tailed environments) cost it several
+    times the CPU of the same requests arriving together; a window of a few hundred milliseconds
+    buys that back, and the last rule keeps a synchronous batch from waiting out the window."""
+
+    def __init__(self, limit: int, window_s: float = 0.0, *, rollouts: Callable[[], int] | None = None) -> None:
+        self.limit, self.window_s, self._rollouts = limit, window_s, rollouts
+        self._cond = threading.Condition()
+        self._in_flight = 0
+        self._wave: list[int] | None = None  # [members] of the open wave; a new list per wave
+        self._deadline = 0.0
+
+    def __enter__(self) -> None:
+        with self._cond:
+            if self.window_s > 0:
+                self._join_wave()
+            while self._in_flight >= self.limit:
+                self._cond.wait()
+            self._in_flight += 1
+
+    def _join_wave(self) -> None:
+        if self._wave is None:
+            self._wave, self._deadline = [], time.monotonic() + self.window_s
+        wave = self._wave
+        wave.append(1)
+        while self._wave is wave:
+            remaining = self._deadline - time.monotonic()
+            full = len(wave) >= max(1, self.limit - self._in_flight)
+            nobody_else = self._rollouts is not None and len(wave) + self._in_flight >= self._rollouts()
+            if remaining <= 0 or full or nobody_else:
+                self._wave = None
+                self._cond.notify_all()
+                break
+            self._cond.wait(remaining)
+
+    def notify(self) -> None:
+        """Tells waiting requests that a rollout ended: the wave may be all that is left."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def __exit__(self, *exc: object) -> None:
+        with self._cond:
+            self._in_flight -= 1
+            self._cond.notify_all()
+
+
 class Interceptor:
     """Records one rollout's calls; give each rollout its own."""
 
     def __init__(self, control: VllmControl, sampling: SamplingParams, *, model: str | None = None,
-                 gate: threading.Semaphore | None = None) -> None:
+                 gate: InferenceGate | None = None) -> None:
         self.control, self.sampling, self.model = control, sampling, model
         self.gate = gate or contextlib.nullcontext()
         """Held around each generation request: the worker's limit on requests in flight to the fleet."""

@@ -25,11 +25,10 @@ import json
 import os
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
+from rollwire.http import HttpError, JsonClient
 from rollwire.producers.harnesses import HARNESSES, Harness, HarnessError, HarnessTimeout
 from rollwire.producers.interception import Interceptor
 from rollwire.producers.interception_server import InterceptionServer
@@ -117,7 +116,7 @@ class EndpointClient:
     over the rollout's OpenAI-compatible interception URL."""
 
     def __init__(self, base_url: str, timeout_s: float = 300.0) -> None:
-        self.base_url, self.timeout_s = base_url.rstrip("/"), timeout_s
+        self._http = JsonClient(base_url, timeout_s=timeout_s, max_connections=4)
 
     def complete(self, prompt: str) -> str:
         return self._post("/completions", {"model": "policy", "prompt": prompt})["choices"][0]["text"]
@@ -126,13 +125,10 @@ class EndpointClient:
         return self._post("/chat/completions", {"model": "policy", "messages": messages})["choices"][0]["message"]["content"]
 
     def _post(self, path: str, body: dict) -> dict:
-        request = urllib.request.Request(self.base_url + path, data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                return json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            raise HarnessError(f"the interception endpoint answered {exc.code}: {exc.read()[:300]!r}") from exc
+            return self._http.request("POST", path, body)
+        except HttpError as exc:
+            raise HarnessError(f"the interception endpoint failed: {exc}") from exc
 
 
 def _child() -> int:

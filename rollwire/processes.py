@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import ctypes
+import logging
 import signal
+
+QUIET_LOGGERS = ("httpx", "httpcore", "urllib3")
+"""Libraries that log every request at INFO: at hundreds of requests a second that is noise, and CPU."""
 
 
 def die_with_parent() -> None:
@@ -23,3 +27,10 @@ def stop_on_sigterm() -> None:
     """SIGTERM (a supervisor's or `docker stop`'s request to stop) ends the process the way Ctrl-C
     does: as a `KeyboardInterrupt`, so `finally` blocks drain, commit and close."""
     signal.signal(signal.SIGTERM, _interrupt)
+
+
+def configure_logging(level: int, fmt: str) -> None:
+    """The process's log format and level, with per-request library logs kept to warnings."""
+    logging.basicConfig(level=level, format=fmt)
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(max(level, logging.WARNING))

@@ -8,15 +8,13 @@ Nothing is re-tokenized.
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from rollwire.errors import RollwireError
+from rollwire.http import HttpError, JsonClient
 
 
 class TeacherError(RollwireError):
@@ -43,6 +41,7 @@ class TeacherClient:
 
     def __init__(self, settings: TeacherSettings) -> None:
         self.settings = settings
+        self._http = JsonClient(settings.base_url, timeout_s=settings.timeout_s)
 
     def __call__(self, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> list[float]:
         tokens = [*prompt_ids, *completion_ids]
@@ -67,19 +66,13 @@ class TeacherClient:
         return out
 
     def _post(self, path: str, body: dict) -> dict:
-        request = urllib.request.Request(self.settings.base_url.rstrip("/") + path, data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"})
         delay, last = 0.5, None
         for attempt in range(self.settings.retries + 1):
             try:
-                with urllib.request.urlopen(request, timeout=self.settings.timeout_s) as response:
-                    return json.loads(response.read())
-            except urllib.error.HTTPError as exc:
-                if exc.code < 500:  # the request itself is wrong: retrying cannot help
-                    raise TeacherError(f"teacher {self.settings.base_url} refused the request: HTTP {exc.code} "
-                                       f"{exc.read()[:500]!r}") from exc
-                last = exc
-            except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+                return self._http.request("POST", path, body)
+            except HttpError as exc:
+                if exc.status is not None and exc.status < 500:  # the request itself is wrong: retrying cannot help
+                    raise TeacherError(f"teacher {self.settings.base_url} refused the request: {exc}") from exc
                 last = exc
             if attempt < self.settings.retries:
                 time.sleep(delay)

@@ -56,10 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from rollwire.errors import RollwireError
-    from rollwire.processes import stop_on_sigterm
+    from rollwire.processes import configure_logging, stop_on_sigterm
+    configure_logging(logging.DEBUG if args.verbose else logging.INFO, "%(asctime)s %(levelname)s %(name)s: %(message)s")
     stop_on_sigterm()  # commands that own a server (inference, faust's score) install their own handler
     provider = None
     try:

@@ -55,6 +55,9 @@ def add_env_worker(sub) -> None:
                         help="rollouts in flight at once, waiting on environments included (default: %(default)s)")
     worker.add_argument("--inference-concurrency", type=int, default=32,
                         help="generation requests in flight to the server at once (default: %(default)s)")
+    worker.add_argument("--inference-window", type=float, default=0.0, metavar="SECONDS",
+                        help="let a generation request wait up to SECONDS for others to reach the server with it as "
+                             "one batch; helps a CPU-bound server under slow environments (default: %(default)s)")
     worker.add_argument("--exit-when-idle", type=float, metavar="SECONDS", help="stop after SECONDS without tasks")
     add_bus_options(worker)
     worker.set_defaults(run=cmd_env_worker)
@@ -120,7 +123,8 @@ def cmd_env_worker(args: argparse.Namespace) -> int:
         log.create_topics(catalog_topics(topics))
         worker = EnvWorker(log, topics, VllmControl(args.base_url), tasksets,
                            EnvWorkerSettings(concurrency=args.concurrency, runtime=args.runtime,
-                                             inference_concurrency=args.inference_concurrency), harness=harness)
+                                             inference_concurrency=args.inference_concurrency,
+                                             inference_window_s=args.inference_window), harness=harness)
         try:
             worker.run(idle_exit_s=args.exit_when_idle)
         except KeyboardInterrupt:

@@ -78,6 +78,8 @@ class EnvWorkersRecipe(_Section):
     """Rollouts in flight per worker (environment slots; a rollout waiting on its environment holds one)."""
     inference_concurrency: int = Field(default=32, ge=1)
     """Generation requests in flight per worker to the fleet."""
+    inference_window_s: float = Field(default=0.0, ge=0, le=1)
+    """Longest a generation request waits for others to reach the fleet with it as one batch."""
     runtime: Literal["in-process", "subprocess"] = "in-process"
     """Where harnesses run (`rollwire.producers.runtimes`)."""
     simulated_latency: SimulatedLatency | None = None

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from rollwire import telemetry
 from rollwire.bus import catalog_topics, open_log
-from rollwire.processes import stop_on_sigterm
+from rollwire.processes import configure_logging, stop_on_sigterm
 from rollwire.run.recipe import RunRecipe
 from rollwire.schemas.topics import Topics
 
@@ -79,6 +79,7 @@ def run_env_worker(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
     tasksets = {e.name: load_taskset(e.name, **e.options) for e in recipe.environments}
     settings = EnvWorkerSettings(concurrency=recipe.env_workers.concurrency, name=f"env-worker-{index}",
                                  inference_concurrency=recipe.env_workers.inference_concurrency,
+                                 inference_window_s=recipe.env_workers.inference_window_s,
                                  simulated_latency=recipe.env_workers.simulated_latency,
                                  runtime=recipe.env_workers.runtime)
     worker = EnvWorker(log, topics, VllmControl(base_url(recipe)), tasksets, settings)
@@ -114,8 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("recipe", type=Path, help="the resolved recipe (<run_dir>/recipe.json)")
     parser.add_argument("--index", type=int, default=0, help="which one of several processes of the role")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.role}-{args.index} %(levelname)s "
-                                                   "%(name)s: %(message)s")
+    configure_logging(logging.INFO, f"%(asctime)s {args.role}-{args.index} %(levelname)s %(name)s: %(message)s")
     recipe = RunRecipe.model_validate_json(args.recipe.read_text())
     if args.role != "replica":  # the replica handles SIGTERM itself: it must stop its vLLM server
         stop_on_sigterm()

@@ -192,3 +192,53 @@ def test_stopping_drains_then_publishes_what_is_left_as_abandoned(tmp_path):
     assert rollouts["quick"].error is None  # finished within the drain
     assert rollouts["endless"].error.kind == "abandoned" and "stopped" in rollouts["endless"].error.message
     assert committed(log, topics) == 2  # every task taken is accounted for: nothing is redelivered
+
+
+def test_the_inference_gate_sends_requests_in_waves_within_its_window():
+    from rollwire.producers.interception import InferenceGate
+    gate = InferenceGate(limit=10, window_s=0.3)
+    entered: dict[int, float] = {}
+
+    def request(i: int) -> None:
+        with gate:
+            entered[i] = time.monotonic()
+            time.sleep(0.05)
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=request, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+        time.sleep(0.02)  # they trickle in
+    for t in threads:
+        t.join()
+    assert max(entered.values()) - min(entered.values()) < 0.05, "the four left as one wave"
+    assert 0.25 < min(entered.values()) - started < 1.0, "after the window, not before"
+
+    full = InferenceGate(limit=3, window_s=5.0)  # a wave as large as the free capacity leaves at once
+    entered.clear()
+    gate = full
+    started = time.monotonic()
+    threads = [threading.Thread(target=request, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert max(entered.values()) - started < 1.0
+
+
+def test_a_wave_leaves_at_once_when_no_other_rollout_could_join_it():
+    from rollwire.producers.interception import InferenceGate
+    gate = InferenceGate(limit=64, window_s=5.0, rollouts=lambda: 3)  # three rollouts in flight in the worker
+    entered: list[float] = []
+
+    def request() -> None:
+        with gate:
+            entered.append(time.monotonic())
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=request) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(entered) == 3 and max(entered) - started < 1.0  # not the 5 s window
