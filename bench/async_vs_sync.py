@@ -163,7 +163,7 @@ def main() -> int:
                              "(default: %(default)s)")
     parser.add_argument("--inference-concurrency", type=int, default=64,
                         help="generation requests in flight to vLLM (default: %(default)s)")
-    parser.add_argument("--inference-window", type=float, default=0.03,
+    parser.add_argument("--inference-window", type=float, default=0.2,
                         help="seconds a generation request may wait to reach vLLM in a batch (default: %(default)s)")
     args = parser.parse_args()
     settings = [int(v) for v in args.settings.split(",")]

@@ -7,7 +7,7 @@
 Scaling is by partitions: start more workers with the same app id and Kafka splits the rollout
 partitions among them; each worker's table holds the groups of its partitions. Agent
 concurrency stays 1 because faust can commit past an event still in flight with more
-(notes/kafka.md). Faust flushes the producer (outputs and changelog) before it commits offsets,
+(docs/notes/kafka.md). Faust flushes the producer (outputs and changelog) before it commits offsets,
 so delivery is at-least-once; consumers dedupe on rollout id.
 
 Faust tables change only while processing a record of the same partition, so timeouts come as

@@ -5,7 +5,7 @@
     at the end:      save model and tokenizer in place (they become the policy's version 0)
 
 A tiny random model earns no reward at all, so RL has no signal to start from
-(notes/learning.md). A short warm start on a deliberately noisy teacher gives a policy that is
+(docs/notes/learning.md). A short warm start on a deliberately noisy teacher gives a policy that is
 right when greedy but often wrong when sampling — room that RL then fills.
 """
 

@@ -1,4 +1,4 @@
-"""Reverse a string of digits: a task a tiny model learns on a CPU in minutes (notes/learning.md).
+"""Reverse a string of digits: a task a tiny model learns on a CPU in minutes (docs/notes/learning.md).
 
     prompt  "r:40713>"      answer "31704", then end-of-sequence
 
@@ -27,7 +27,7 @@ class ReverseDigits(Taskset):
         """Text of the tokenizer's beginning-of-sequence token, written before each prompt."""
         self.teacher_noise, self.teacher_filler = teacher_noise, teacher_filler
         """The scripted teacher swaps each answer digit for a random one with probability `teacher_noise`
-        and appends 1-3 filler dots with probability `teacher_filler` (notes/learning.md: a clean
+        and appends 1-3 filler dots with probability `teacher_filler` (docs/notes/learning.md: a clean
         teacher leaves RL nothing to improve, and without filler a length bonus has nothing to choose)."""
 
     def rows(self) -> Iterator[dict]:

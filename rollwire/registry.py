@@ -1,0 +1,151 @@
+"""Named variants chosen in settings: advantage algorithms, losses, group rewards, tasksets,
+harnesses. One small helper for all of them, so that a name or an option is checked when the
+recipe loads, not when the first rollout reaches the code that uses it.
+
+    ALGORITHMS = Registry("advantage algorithm", package="rollwire.streams.advantages")
+
+    @ALGORITHMS.register("grpo")          # in a module of that package
+    class Grpo: ...
+
+    ALGORITHMS.get("grpoo")  ->  UnknownNameError: unknown advantage algorithm 'grpoo'; valid:
+                                 distill, dr_grpo, grpo, ... (did you mean 'grpo'?)
+    check_options("group reward shortest_correct", shortest_correct, {"bonuss": 0.2})
+                             ->  ConfigError: group reward shortest_correct has no option 'bonuss'
+                                 (did you mean 'bonus'?); it takes bonus, correct, threshold
+
+Every module of `package` is imported on the first lookup, so adding a variant is adding a module.
+Those modules must import nothing heavy at import time (torch is imported by what runs them), so
+that settings can be checked by processes that never load a model.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+import pkgutil
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
+from rollwire.errors import ConfigError
+
+T = TypeVar("T")
+
+
+def closest(name: str, choices: Iterable[str]) -> str | None:
+    """The choice most like `name`, if one is close enough to be a likely typo."""
+    found = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def _suggestion(name: str, choices: Iterable[str]) -> str:
+    match = closest(name, choices)
+    return f" (did you mean {match!r}?)" if match else ""
+
+
+class UnknownNameError(ConfigError, KeyError):
+    """No variant of a kind is registered under the requested name; the message lists the valid
+    names and the closest one."""
+
+    def __init__(self, kind: str, name: str, valid: Iterable[str]) -> None:
+        valid = sorted(valid)
+        super().__init__(f"unknown {kind} {name!r}; valid: {', '.join(valid)}{_suggestion(name, valid)}")
+        self.kind, self.name, self.valid = kind, name, valid
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+class Registry(Generic[T]):
+    """Variants of one kind by name."""
+
+    def __init__(self, kind: str, *, package: str | None = None,
+                 error: type[UnknownNameError] = UnknownNameError) -> None:
+        self.kind, self._package, self._error = kind, package, error
+        self._items: dict[str, T] = {}
+        self._discovered = package is None
+
+    def add(self, name: str, item: T) -> T:
+        if name in self._items and self._items[name] is not item:
+            raise ConfigError(f"two {self.kind}s claim the name {name!r}")
+        self._items[name] = item
+        return item
+
+    def register(self, name: str | None = None) -> Callable[[T], T]:
+        """Decorator: registers under `name`, or the decorated class's `name` attribute."""
+        def add(item: T) -> T:
+            return self.add(name or getattr(item, "name"), item)
+        return add
+
+    def _discover(self) -> None:
+        if not self._discovered:
+            package = importlib.import_module(self._package)
+            for module in pkgutil.iter_modules(package.__path__):
+                importlib.import_module(f"{self._package}.{module.name}")
+            self._discovered = True
+
+    def names(self) -> list[str]:
+        self._discover()
+        return sorted(self._items)
+
+    def get(self, name: str) -> T:
+        """The variant registered as `name`; `UnknownNameError` naming the valid ones otherwise."""
+        self._discover()
+        try:
+            return self._items[name]
+        except KeyError:
+            raise self._error(self.kind, name, self._items) from None
+
+    def check(self, name: str) -> str:
+        """`name`, if registered (a pydantic `AfterValidator`)."""
+        self.get(name)
+        return name
+
+    def __contains__(self, name: object) -> bool:
+        self._discover()
+        return name in self._items
+
+
+def options_model(fn: Callable[..., Any], *, skip: int = 0) -> type[BaseModel]:
+    """A pydantic model of `fn`'s keyword options (its parameters after the first `skip`), with
+    their annotations and defaults; extra keys are refused."""
+    fields: dict[str, Any] = {}
+    hints = _hints(fn)
+    for parameter in list(inspect.signature(fn).parameters.values())[skip:]:
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            continue
+        default = ... if parameter.default is parameter.empty else parameter.default
+        fields[parameter.name] = (hints.get(parameter.name, Any), default)
+    return create_model(f"{getattr(fn, '__name__', 'options')}_options",
+                        __config__=ConfigDict(extra="forbid", arbitrary_types_allowed=True), **fields)
+
+
+def _hints(fn: Callable[..., Any]) -> dict[str, Any]:
+    target = fn.__init__ if inspect.isclass(fn) else fn
+    try:
+        return {k: v for k, v in inspect.get_annotations(target, eval_str=True).items() if k != "return"}
+    except Exception:  # an annotation that cannot be evaluated here: accept any value for it
+        return {}
+
+
+def check_options(what: str, fn: Callable[..., Any], options: Mapping[str, Any], *, skip: int = 0) -> dict[str, Any]:
+    """`options` validated against `fn`'s keyword parameters (see `options_model`); `ConfigError`
+    names the option to change, the closest valid one, and every valid option."""
+    model = options_model(fn, skip=skip)
+    try:
+        return model.model_validate(dict(options)).model_dump(exclude_unset=True)
+    except ValidationError as exc:
+        valid = list(model.model_fields)
+        problems = []
+        for error in exc.errors():
+            field = str(error["loc"][0]) if error["loc"] else ""
+            if error["type"] == "extra_forbidden":
+                problems.append(f"has no option {field!r}{_suggestion(field, valid)}")
+            elif error["type"] == "missing":
+                problems.append(f"needs option {field!r}")
+            else:
+                problems.append(f"option {field!r}: {error['msg']}")
+        takes = f"; it takes {', '.join(valid)}" if valid else "; it takes no options"
+        raise ConfigError(f"{what} {'; '.join(problems)}{takes}") from None
