@@ -135,7 +135,7 @@ def measure(folder: Path, name: str, max_off_policy: int, steps: int, distributi
     window = rows[warmup:]
     seconds = (window[-1]["time_ms"] - rows[warmup - 1]["time_ms"]) / 1000
     with open_log(EmbeddedBusSettings(path=recipe.run_dir / "log")) as log:
-        hops = [s for s in step_hops(log, Topics(recipe.prefix)) if s.step > warmup]
+        hops = [s for s in step_hops(log, Topics(recipe.topic_prefix)) if s.step > warmup]
     trained = sum(r["rollouts"] for r in window)
     cpu = sampler.between(rows[warmup - 1]["time_ms"], window[-1]["time_ms"])
     return {"name": name, "max_off_policy": max_off_policy, "seconds": seconds,

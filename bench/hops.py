@@ -123,7 +123,7 @@ def main() -> int:
     args = parser.parse_args()
     from rollwire.bus import EmbeddedBusSettings, open_log
     recipe = json.loads((args.run_dir / "recipe.json").read_text())
-    prefix = args.prefix or recipe["bus"]["prefix"] or recipe["name"]
+    prefix = args.prefix or recipe["prefix"] or recipe["name"]
     with open_log(EmbeddedBusSettings(path=args.run_dir / "log")) as log:
         steps = [s for s in step_hops(log, Topics(prefix)) if s.step > args.skip]
     if not steps:

@@ -79,7 +79,8 @@ class VllmServerSettings(BaseModel):
         return host
 
 
-def _free_port(host: str) -> int:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now."""
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
@@ -90,7 +91,7 @@ class VllmServer:
 
     def __init__(self, settings: VllmServerSettings) -> None:
         self.settings = settings
-        self.port = settings.port or _free_port(settings.host)
+        self.port = settings.port or free_port(settings.host)
         self.process: subprocess.Popen | None = None
         self.control = VllmControl(self.base_url)
 

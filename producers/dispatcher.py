@@ -2,7 +2,8 @@
 trainer's off-policy budget allows.
 
     reads:  <prefix>.train (steps: rollouts trained), <prefix>.drops (rollouts dropped),
-            <prefix>.weights (versions published), <prefix>.fleet (which version each replica serves)
+            <prefix>.weights (versions published), <prefix>.fleet (which version each replica serves),
+            <prefix>.deadletter (rollouts and tasks a component refused: counted back)
     writes: <prefix>.tasks (TaskAssigned, key: group id)
 
 Pacing. A rollout issued now is trained after every rollout already in flight; with
@@ -14,7 +15,7 @@ many versions. Keeping
 before issuing a group keeps the lag within `max_off_policy` (the trainer still drops what
 slips past it, e.g. after a slow group). `max_off_policy = 0` makes the loop synchronous: one
 step's worth of work at a time. In flight = rollouts issued - rollouts trained - rollouts dropped.
-(Rollouts dead-lettered downstream are not counted back; each one narrows the budget by one.)
+Rollouts dead-lettered downstream count as accounted too (a dead task as its whole group).
 
 A rollout also starts behind when the fleet has not loaded the trainer's newest weights yet.
 Once replicas report on the fleet topic, no group is issued while the oldest version a running
@@ -30,16 +31,22 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Iterator
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from rollwire.bus import AtOffsets, EventLog, EventProducer
-from rollwire.producers.tasksets import Taskset
+from rollwire.bus import AtOffsets, DeadLetters, EventConsumer, EventLog, EventProducer, read_to_end
+from rollwire.consumers.batch_consumer import BatchSettings
+from rollwire.errors import ConfigError
+from rollwire.producers.tasksets import TASKSETS, Taskset
+from rollwire.schemas.deadletter import DeadLetter
 from rollwire.schemas.envelope import Codec
+from rollwire.schemas.errors import SchemaError
 from rollwire.schemas.rollout import SamplingParams, TaskAssigned
 from rollwire.schemas.topics import Topics
 from rollwire.schemas.training import RolloutsDropped, TrainStepCompleted
 from rollwire.schemas.weights import ReplicaStatus, WeightsPublished
+from rollwire.streams.advantages import ALGORITHMS
 
 
 class EnvironmentMix(BaseModel):
@@ -47,12 +54,12 @@ class EnvironmentMix(BaseModel):
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    name: str
+    name: Annotated[str, AfterValidator(TASKSETS.check)]
     """Registered taskset name."""
     weight: float = Field(default=1.0, gt=0)
     """Share of groups drawn from this environment, relative to the others."""
-    algorithm: str = "grpo"
-    """Advantage algorithm for its groups."""
+    algorithm: Annotated[str, AfterValidator(ALGORITHMS.check)] = "grpo"
+    """Advantage algorithm for its groups (`rollwire.streams.advantages`)."""
     group_size: int = Field(default=8, ge=1)
     """Rollouts per task."""
     sampling: SamplingParams = SamplingParams()
@@ -60,12 +67,10 @@ class EnvironmentMix(BaseModel):
 
 
 class DispatcherSettings(BaseModel):
+    """The dispatcher's own settings; its budget comes from the trainer's `BatchSettings`."""
+
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    max_off_policy: int = Field(default=2, ge=0)
-    """Versions a rollout may lag the trainer; the same value the trainer uses."""
-    batch_rollouts: int = Field(default=64, ge=1)
-    """The trainer's rollouts per step."""
     seed: int = 0
     """Seed of the environment draw."""
 
@@ -77,42 +82,47 @@ def may_issue(in_flight: int, group_size: int, max_off_policy: int, batch_rollou
 
 class Dispatcher:
     def __init__(self, log: EventLog, topics: Topics, mix: list[tuple[EnvironmentMix, Taskset]],
-                 settings: DispatcherSettings) -> None:
+                 budget: BatchSettings, settings: DispatcherSettings | None = None) -> None:
         if not mix:
-            raise ValueError("the dispatcher needs at least one environment")
-        self.topics, self.mix, self.settings = topics, mix, settings
+            raise ConfigError("the dispatcher needs at least one environment")
+        if budget.batch_rollouts is None:
+            raise ConfigError("the dispatcher paces work in rollouts: set trainer.batch.batch_rollouts "
+                              "(batch_tokens may still cap a step)")
+        self.topics, self.mix, self.budget = topics, mix, budget
+        self.settings = settings or DispatcherSettings()
         self.producer = EventProducer(log.producer(), topics, name="dispatcher")
-        watched = (topics.train, topics.drops, topics.weights, topics.fleet)
+        self.dead_letters = DeadLetters(self.producer, "dispatcher")
+        watched = [topics.train, topics.drops, topics.weights, topics.fleet, topics.deadletter]
         starts = {(t, p): 0 for t in watched for p in range(log.partitions(t))}
-        self.progress = log.reader(list(watched), AtOffsets(starts))
+        self.progress = EventConsumer(log.reader(watched, AtOffsets(starts)), self.dead_letters)
         self.served: dict[str, int] = {}
         """Version each running replica serves (from its latest status)."""
         self.published_version = 0
         self.rows: dict[str, Iterator[dict]] = {env.name: itertools.cycle(taskset.rows()) for env, taskset in mix}
-        self.rng = random.Random(settings.seed)
+        self.rng = random.Random(self.settings.seed)
         self.issued = self.accounted = 0
+        self.dead_lettered = 0
+        """Rollouts counted back because a component dead-lettered them (or their task)."""
         self.policy_version = 0
+        self._letters_seen: set[tuple[str, int, int]] = set()
         self._codec = Codec()
         self._count_issued(log)
 
     def _count_issued(self, log: EventLog) -> None:
         """A restarted dispatcher counts what earlier runs issued, so its budget stays right."""
-        with log.reader([self.topics.tasks]) as reader:
-            while batch := reader.poll_batch(1000, 0.2):
-                self.issued += sum(self._codec.decode(r.value).event.group_size for r in batch if r.value)
+        for delivery in read_to_end(log, [self.topics.tasks], self.dead_letters):
+            self.issued += delivery.event.group_size
 
     @property
     def in_flight(self) -> int:
         return self.issued - self.accounted
 
     def _read_progress(self, timeout_s: float) -> None:
-        records = self.progress.poll_batch(1000, timeout_s)
+        deliveries = self.progress.poll_batch(1000, timeout_s)
         while more := self.progress.poll_batch(1000, 0.0):  # everything already there, every partition
-            records += more
-        for record in records:
-            if record.value is None:
-                continue
-            event = self._codec.decode(record.value).event
+            deliveries += more
+        for delivery in deliveries:
+            event = delivery.event
             if isinstance(event, TrainStepCompleted):
                 self.accounted += len(event.rollout_ids)
                 self.policy_version = max(self.policy_version, event.policy_version)
@@ -125,12 +135,34 @@ class Dispatcher:
                     self.served.pop(event.replica_id, None)
                 else:
                     self.served[event.replica_id] = event.serving_version or 0
+            elif isinstance(event, DeadLetter):
+                self._count_back(event)
+
+    def _count_back(self, letter: DeadLetter) -> None:
+        """Rollouts a component dead-lettered are neither trained nor dropped: without counting them
+        back, each would narrow the budget for good (and a run whose rollouts are all refused would
+        stand still). A dead task stands for its whole group."""
+        where = (letter.source_topic, letter.partition, letter.offset)
+        if where in self._letters_seen:
+            return
+        self._letters_seen.add(where)
+        if letter.source_topic in (self.topics.rollouts, self.topics.scored):
+            count = 1
+        elif letter.source_topic == self.topics.tasks and letter.raw_size == len(letter.raw):
+            try:
+                count = self._codec.decode(letter.raw).event.group_size
+            except SchemaError:  # not a task this dispatcher could have issued
+                return
+        else:
+            return
+        self.accounted += count
+        self.dead_lettered += count
 
     @property
     def fleet_caught_up(self) -> bool:
         """Whether every running replica serves a version within `max_off_policy` of the trainer's."""
         newest = max(self.published_version, self.policy_version)
-        return not self.served or min(self.served.values()) >= newest - self.settings.max_off_policy
+        return not self.served or min(self.served.values()) >= newest - self.budget.max_off_policy
 
     def step(self, timeout_s: float = 0.5) -> int:
         """Issues every group that fits the budget now; returns how many."""
@@ -138,8 +170,7 @@ class Dispatcher:
         issued = 0
         while self.fleet_caught_up:
             env = self.rng.choices([e for e, _ in self.mix], weights=[e.weight for e, _ in self.mix])[0]
-            if not may_issue(self.in_flight, env.group_size, self.settings.max_off_policy,
-                             self.settings.batch_rollouts):
+            if not may_issue(self.in_flight, env.group_size, self.budget.max_off_policy, self.budget.batch_rollouts):
                 break
             row = next(self.rows[env.name])
             task = TaskAssigned(task_id=row["task_id"], environment=env.name, algorithm=env.algorithm,

@@ -22,6 +22,7 @@ import subprocess
 from collections.abc import Callable
 
 from rollwire.producers.interception import Interceptor
+from rollwire.registry import Registry
 from rollwire.producers.interception_server import InterceptionServer
 
 Harness = Callable[[dict, Interceptor], str]
@@ -82,8 +83,10 @@ def chat_harness(row: dict, interceptor: Interceptor, *, max_turns: int = 4) -> 
     return reply
 
 
-HARNESSES: dict[str, Harness] = {"completion": completion_harness, "chat": chat_harness}
+HARNESSES: Registry[Harness] = Registry("harness")
 """Harnesses a taskset can name (`Taskset.harness`); `script_harness` is configured per worker."""
+HARNESSES.add("completion", completion_harness)
+HARNESSES.add("chat", chat_harness)
 
 
 def script_harness(command: list[str], server: InterceptionServer, *, timeout_s: float = 120.0) -> Harness:

@@ -33,16 +33,17 @@ from rollwire.producers.harnesses import HARNESSES, Harness, HarnessError, Harne
 from rollwire.producers.interception import Interceptor
 from rollwire.producers.interception_server import InterceptionServer
 from rollwire.processes import die_with_parent
+from rollwire.registry import UnknownNameError
 
 
 def resolve_harness(reference: str) -> Harness:
     """A harness by registered name or `package.module:function`."""
-    if reference in HARNESSES:
-        return HARNESSES[reference]
     module, sep, name = reference.partition(":")
     if not sep:
-        raise HarnessError(f"unknown harness {reference!r}: use one of {', '.join(sorted(HARNESSES))} "
-                           "or package.module:function")
+        try:
+            return HARNESSES.get(reference)
+        except UnknownNameError as exc:
+            raise HarnessError(f"{exc}; or give package.module:function") from None
     try:
         return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as exc:

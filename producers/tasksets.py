@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from rollwire.errors import ConfigError
+from rollwire.registry import Registry, check_options
 from rollwire.schemas.rollout import RolloutError
 
 
@@ -123,13 +124,12 @@ def _call(name: str, fn: Callable[[RolloutView], float], view: RolloutView) -> f
     return value
 
 
-_REGISTRY: dict[str, Callable[..., Taskset]] = {}
+TASKSETS: Registry[type[Taskset]] = Registry("taskset", package="rollwire.producers.environments")
 
 
 def register_taskset(cls: type[Taskset]) -> type[Taskset]:
     """Class decorator: makes a taskset loadable by its `name`."""
-    _REGISTRY[cls.name] = cls
-    return cls
+    return TASKSETS.add(cls.name, cls)
 
 
 def read_rows(source: str | Path, *, split: str = "train", config: str | None = None,
@@ -177,13 +177,20 @@ def read_rows(source: str | Path, *, split: str = "train", config: str | None = 
 
 def known_tasksets() -> list[str]:
     """Names of the registered tasksets (the built-in ones included)."""
-    import rollwire.producers.environments  # noqa: F401 - registers the built-in tasksets
-    return sorted(_REGISTRY)
+    return TASKSETS.names()
+
+
+def check_taskset(name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """Raises `ConfigError` naming the fix when `name` is not a taskset, `options` are not its
+    options, or its harness is not known; builds nothing."""
+    cls = TASKSETS.get(name)
+    from rollwire.producers.harnesses import HARNESSES
+    if ":" not in cls.harness:
+        HARNESSES.check(cls.harness)
+    return check_options(f"taskset {name}", cls, options)
 
 
 def load_taskset(name: str, **options: Any) -> Taskset:
-    """The registered taskset `name`, built with `options`."""
-    import rollwire.producers.environments  # noqa: F401 - registers the built-in tasksets
-    if name not in _REGISTRY:
-        raise ConfigError(f"unknown taskset {name!r}; known: {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[name](**options)
+    """The registered taskset `name`, built with `options` (checked first: `check_taskset`)."""
+    check_taskset(name, options)
+    return TASKSETS.get(name)(**options)

@@ -245,6 +245,7 @@ class LocalStoreSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     type: Literal["local"] = "local"
+    """`local`: a directory on this machine; `s3`: an S3-compatible server."""
     root: Path = Path("runs/default/store")
     """Directory of the store; created if missing."""
 
@@ -255,6 +256,7 @@ class S3StoreSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     type: Literal["s3"] = "s3"
+    """`s3`: an S3-compatible server; `local`: a directory."""
     endpoint: str = "127.0.0.1:8333"
     """`host:port` of the S3 API, without scheme."""
     bucket: str = "rollwire"

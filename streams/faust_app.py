@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rollwire import telemetry
 from rollwire.bus.base import Record
+from rollwire.bus.settings import KafkaBusSettings
 from rollwire.bus.events import dead_letter_for, outgoing
 from rollwire.bus.partitioner import partition_for
 from rollwire.schemas.envelope import Codec
@@ -40,14 +41,11 @@ logger = logging.getLogger(__name__)
 
 
 class FaustScorerSettings(BaseModel):
-    """How the faust worker connects and names itself."""
+    """How the faust worker runs and names itself; where the cluster is comes from the bus settings
+    (`KafkaBusSettings`), the topic names from the run's `Topics`."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    bootstrap_servers: str
-    """Kafka `host:port[,host:port]`."""
-    topic_prefix: str = "rollwire"
-    """Catalog prefix of the topics the scorer reads and writes."""
     app_id: str = "rollwire-scorer"
     """Faust application id: the consumer group, shared by all workers of one scorer."""
     tick_s: float = Field(default=1.0, gt=0)
@@ -73,17 +71,16 @@ Sink = Callable[[str, bytes | None, bytes, list[tuple[str, bytes]]], Awaitable[N
 """`await sink(topic_name, key, value, headers)`: where the agent's output records go."""
 
 
-def build_app(settings: FaustScorerSettings, scorer_settings: ScorerSettings, *,
-              teacher=None, sink: Sink | None = None) -> faust.App:
+def build_app(settings: FaustScorerSettings, scorer_settings: ScorerSettings, *, bus: KafkaBusSettings,
+              topics: Topics, teacher=None, sink: Sink | None = None) -> faust.App:
     """A faust app with the scoring agent, the tick timer and the group table. Outputs go to
     their Kafka topics, or to `sink` when given (for broker-free tests of the agent)."""
-    topics = Topics(settings.topic_prefix)
     scorer = GroupScorer(scorer_settings, teacher=teacher)
     codec = Codec()
     settings.data_dir.mkdir(parents=True, exist_ok=True)  # faust creates only the last level
     app = faust.App(
         settings.app_id,
-        broker=[f"kafka://{s.strip()}" for s in settings.bootstrap_servers.split(",")],
+        broker=[f"kafka://{s.strip()}" for s in bus.bootstrap_servers.split(",")],
         datadir=str(settings.data_dir / settings.app_id),
         store="memory://",
         autodiscover=False,

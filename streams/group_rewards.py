@@ -13,29 +13,25 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
-from rollwire.errors import ConfigError
+from rollwire.registry import Registry, check_options
 from rollwire.schemas.rollout import RolloutCompleted
 
 GroupReward = Callable[..., list[float]]
 """`fn(group: Sequence[RolloutCompleted], **params) -> list[float]`, one bonus per rollout."""
 
-_REGISTRY: dict[str, GroupReward] = {}
+GROUP_REWARDS: Registry[GroupReward] = Registry("group reward")
 
 
 def group_reward(name: str) -> Callable[[GroupReward], GroupReward]:
     """Decorator: registers a group reward function under `name`."""
-    def add(fn: GroupReward) -> GroupReward:
-        if name in _REGISTRY and _REGISTRY[name] is not fn:
-            raise ConfigError(f"two group reward functions claim the name {name!r}")
-        _REGISTRY[name] = fn
-        return fn
-    return add
+    return GROUP_REWARDS.register(name)
 
 
 class GroupRewardSpec(BaseModel):
-    """One group reward applied to an environment: its registered name and parameters."""
+    """One group reward applied to an environment: its registered name and options, checked against
+    the function's keyword parameters when the settings load."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -45,13 +41,15 @@ class GroupRewardSpec(BaseModel):
     def params(self) -> dict[str, Any]:
         return dict(self.model_extra or {})
 
+    @model_validator(mode="after")
+    def _known(self) -> GroupRewardSpec:
+        check_options(f"group reward {self.name}", GROUP_REWARDS.get(self.name), self.params(), skip=1)
+        return self
+
 
 def resolve(spec: GroupRewardSpec) -> Callable[[Sequence[RolloutCompleted]], list[float]]:
-    """The configured function, parameters bound; raises `ConfigError` for an unknown name."""
-    fn = _REGISTRY.get(spec.name)
-    if fn is None:
-        raise ConfigError(f"unknown group reward {spec.name!r} in scorer.group_rewards; "
-                          f"known: {', '.join(sorted(_REGISTRY))}")
+    """The configured function, parameters bound."""
+    fn = GROUP_REWARDS.get(spec.name)
     params = spec.params()
     return lambda group: fn(group, **params)
 

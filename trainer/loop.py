@@ -28,64 +28,23 @@ import time
 from pathlib import Path
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rollwire import telemetry
 from rollwire.bus import EventLog, EventProducer
 from rollwire.checkpoints import publish
-from rollwire.consumers.batch_consumer import Batch, BatchConsumer, BatchSettings
+from rollwire.errors import ConfigError
+from rollwire.consumers.batch_consumer import Batch, BatchConsumer
 from rollwire.objectstore import ObjectStore
 from rollwire.schemas.registry import EVENT_TYPES
 from rollwire.schemas.topics import Topics
 from rollwire.schemas.training import TrainStepCompleted
 from rollwire.schemas.weights import WeightsPublished
 from rollwire.trainer import checkpoint, losses
-from rollwire.trainer.model import ModelSettings, load_policy, resolve_device
+from rollwire.trainer.model import load_policy, resolve_device
+from rollwire.trainer.settings import TrainerSettings
 from rollwire.trainer.step import StepResult, train_step
 
 logger = logging.getLogger(__name__)
-
-
-class TrainerSettings(BaseModel):
-    """Everything the trainer needs besides the log and the store."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-    model: ModelSettings
-    """The policy model."""
-    batch: BatchSettings = Field(default_factory=BatchSettings)
-    """Batching and staleness."""
-    policy: str = "policy"
-    """Policy name: the weights topic key and the store prefix."""
-    loss: str = "ppo_clip"
-    """Registered loss (`rollwire.trainer.losses`)."""
-    loss_params: dict[str, float] = Field(default_factory=dict)
-    """Parameters of the loss, e.g. `{eps_low = 0.2}`."""
-    lr: float = Field(default=3e-4, gt=0)
-    """AdamW learning rate."""
-    weight_decay: float = Field(default=0.0, ge=0)
-    """AdamW weight decay."""
-    max_grad_norm: float = Field(default=1.0, gt=0)
-    """Gradient-norm clip."""
-    micro_batch_rollouts: int = Field(default=16, ge=1)
-    """Rollouts per forward/backward (gradient accumulation over the batch)."""
-    publish_every: int = Field(default=1, ge=1)
-    """Publish weights every this many versions."""
-    checkpoint_dir: Path = Path("runs/default/trainer")
-    """Where the trainer's checkpoints go (local disk)."""
-    keep_checkpoints: int = Field(default=2, ge=1)
-    """Checkpoints kept."""
-    seed: int = 0
-    """Torch seed: the CPU path is deterministic for a given seed and batch order."""
-
-    @model_validator(mode="after")
-    def _replicas_can_keep_up(self) -> TrainerSettings:
-        if self.publish_every - 1 > self.batch.max_off_policy:
-            raise ValueError(f"publish_every = {self.publish_every} with batch.max_off_policy = "
-                             f"{self.batch.max_off_policy}: replicas only get every {self.publish_every}th version, "
-                             f"so every rollout would lag up to {self.publish_every - 1} versions and be dropped; "
-                             f"raise max_off_policy to {self.publish_every - 1} or lower publish_every")
-        return self
 
 
 def _means(rows: list[dict[str, float]]) -> dict[str, float]:
@@ -99,6 +58,9 @@ def _means(rows: list[dict[str, float]]) -> dict[str, float]:
 
 class Trainer:
     def __init__(self, log: EventLog, topics: Topics, store: ObjectStore, settings: TrainerSettings) -> None:
+        if not settings.model.path:
+            raise ConfigError("trainer.model.path is empty: give the starting weights (a directory or hub name; "
+                              "`rollwire train --model DIR`)")
         torch.manual_seed(settings.seed)
         self.settings, self.topics, self.store = settings, topics, store
         self.device, _ = resolve_device(settings.model)

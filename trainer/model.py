@@ -8,41 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
 from rollwire.errors import ConfigError
 from rollwire.schemas.rollout import RolloutCompleted
-
-
-class LoraSettings(BaseModel):
-    """Train a LoRA adapter instead of the full weights (needs the `lora` extra: peft)."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-    rank: int = Field(default=8, ge=1)
-    """Adapter rank."""
-    alpha: float = Field(default=16.0, gt=0)
-    """Scaling numerator (scale = alpha / rank)."""
-    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
-    """Module names the adapter wraps."""
-
-
-class ModelSettings(BaseModel):
-    """Which model the trainer loads, and where it runs."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-    path: str
-    """Local directory or hub name of the starting weights (version 0)."""
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    """`auto` takes CUDA when present."""
-    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    """`auto`: bfloat16 on CUDA, float32 on CPU (deterministic)."""
-    lora: LoraSettings | None = None
-    """Train a LoRA adapter; None trains every weight."""
+from rollwire.trainer.settings import ModelSettings
 
 
 def resolve_device(settings: ModelSettings) -> tuple[torch.device, torch.dtype]:

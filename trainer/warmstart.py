@@ -17,24 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
 from rollwire.producers.tasksets import Taskset
-
-
-class WarmStartSettings(BaseModel):
-    """The supervised warm start; `steps = 0` skips it."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-    steps: int = Field(default=500, ge=0)
-    """Optimizer steps."""
-    batch: int = Field(default=64, ge=1)
-    """Teacher examples per step."""
-    lr: float = Field(default=3e-3, gt=0)
-    """AdamW learning rate."""
-    seed: int = 0
-    """Seed of the teacher's noise and of torch."""
+from rollwire.trainer.settings import WarmStartSettings
 
 
 def warm_start(model_dir: Path, taskset: Taskset, settings: WarmStartSettings,

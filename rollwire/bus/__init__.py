@@ -13,10 +13,10 @@ from rollwire.bus.base import (
     TopicConfig,
 )
 from rollwire.bus.errors import BusError, CommitFailedError, DeliveryError, TopicError
-from rollwire.bus.events import DeadLetters, Delivery, EventConsumer, EventProducer
+from rollwire.bus.events import DeadLetters, Delivery, EventConsumer, EventProducer, read_to_end
 from rollwire.bus.settings import (
     EmbeddedBusSettings,
-    EventBusSettings,
+    BusSettings,
     KafkaBusSettings,
     catalog_topics,
     open_log,
@@ -24,7 +24,7 @@ from rollwire.bus.settings import (
 
 __all__ = [
     "AtOffsets", "AtTime", "Beginning", "BusError", "CommitFailedError", "Consumer", "DeadLetters",
-    "Delivery", "DeliveryError", "EmbeddedBusSettings", "EventBusSettings", "EventConsumer", "EventLog",
+    "BusSettings", "Delivery", "DeliveryError", "EmbeddedBusSettings", "EventConsumer", "EventLog",
     "EventProducer", "KafkaBusSettings", "Producer", "Record", "StartAt", "TopicConfig", "TopicError",
-    "catalog_topics", "open_log",
+    "catalog_topics", "open_log", "read_to_end",
 ]

@@ -6,6 +6,8 @@
                                               dead-letter topic and on to the next record
     EventConsumer.dead_letter(delivery, error)
                                            ── for a valid event the component cannot use
+    read_to_end(log, topics, dead_letters) ── every event on `topics` up to their end offsets
+                                              when called (not "until a poll comes back empty")
 
 A consumer never stops for one bad record. `EventConsumer.commit` flushes the dead letters
 before committing, so a record is never committed past without being either handled or kept.
@@ -21,7 +23,7 @@ from typing import Generic, TypeVar
 
 from rollwire import telemetry
 from rollwire.errors import ConfigError
-from rollwire.bus.base import Consumer, Producer, Record
+from rollwire.bus.base import AtOffsets, Consumer, EventLog, Producer, Record
 from rollwire.schemas.base import Event, new_id
 from rollwire.schemas.deadletter import RAW_BYTES_KEPT, DeadLetter
 from rollwire.schemas.envelope import Codec, Envelope
@@ -133,17 +135,24 @@ class EventConsumer:
     def poll_batch(self, max_records: int, timeout_s: float = 1.0) -> list[Delivery]:
         """Up to `max_records` decoded events (see `Consumer.poll_batch`); bad records are
         dead-lettered and left out, so the list can be shorter than what was read."""
-        deliveries = []
+        return [d for _, d in self.poll_records(max_records, timeout_s) if d is not None]
+
+    def poll_records(self, max_records: int, timeout_s: float = 1.0) -> list[tuple[Record, Delivery | None]]:
+        """Like `poll_batch`, with every record read: its delivery, or None for a tombstone or a
+        record that was dead-lettered (for callers that track positions)."""
+        out: list[tuple[Record, Delivery | None]] = []
         for record in self._consumer.poll_batch(max_records, timeout_s):
             if record.value is None:  # a tombstone deletes a key; it carries no event
+                out.append((record, None))
                 continue
             try:
                 envelope = self.codec.decode(record.value)
             except SchemaError as exc:
                 self.dead_letters.send(record, exc, stage="decode")
+                out.append((record, None))
                 continue
-            deliveries.append(Delivery(envelope=envelope, record=record))
-        return deliveries
+            out.append((record, Delivery(envelope=envelope, record=record)))
+        return out
 
     def poll(self, timeout_s: float = 1.0) -> Delivery | None:
         batch = self.poll_batch(1, timeout_s)
@@ -182,3 +191,33 @@ class EventConsumer:
 
     def close(self) -> None:
         self._consumer.close()
+
+
+def read_to_end(log: EventLog, topics: Sequence[str], dead_letters: DeadLetters, *, timeout_s: float = 30.0,
+                start: Mapping[tuple[str, int], int] | None = None) -> Iterator[Delivery]:
+    """Every decodable event on `topics` from `start` (default: the beginning) up to the end offsets
+    each partition had when called; bad records are dead-lettered. A reader outside any group, so a
+    scan registers nothing on the broker. Raises `TimeoutError` when the log stops answering short
+    of those offsets for `timeout_s`."""
+    ends = {(t, p): end for t in topics for p, end in log.end_offsets(t).items()}
+    starts = {tp: (start or {}).get(tp, 0) for tp in ends}
+    remaining = {tp for tp, end in ends.items() if end > starts[tp]}
+    if not remaining:
+        return
+    consumer = EventConsumer(log.reader(list(topics), AtOffsets(starts)), dead_letters)
+    try:
+        while remaining:
+            records = consumer.poll_records(1000, timeout_s)
+            if not records:
+                raise TimeoutError(f"reading {', '.join(topics)} stalled short of the end offsets {ends}")
+            for record, delivery in records:
+                tp = (record.topic, record.partition)
+                if record.offset >= ends[tp]:
+                    remaining.discard(tp)
+                    continue
+                if delivery is not None:
+                    yield delivery
+                if record.offset >= ends[tp] - 1:
+                    remaining.discard(tp)
+    finally:
+        consumer.close()

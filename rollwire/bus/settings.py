@@ -18,6 +18,7 @@ class EmbeddedBusSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     type: Literal["embedded"] = "embedded"
+    """`embedded`: a directory shared by the processes of one machine; `kafka`: a cluster."""
     path: Path = Path("runs/default/log")
     """Directory of the log; created if missing."""
     fsync: bool = False
@@ -31,6 +32,7 @@ class KafkaBusSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     type: Literal["kafka"] = "kafka"
+    """`kafka`: a cluster; `embedded`: a local directory."""
     bootstrap_servers: str = "127.0.0.1:9092"
     """Comma-separated `host:port` list; the `KAFKA_BOOTSTRAP_SERVERS` variable is a common source."""
     client_config: dict[str, Any] = Field(default_factory=dict)
@@ -50,19 +52,6 @@ class KafkaBusSettings(BaseModel):
 
 
 BusSettings = Annotated[EmbeddedBusSettings | KafkaBusSettings, Field(discriminator="type")]
-
-
-class EventBusSettings(BaseModel):
-    """The log, the topic prefix and the event size limit, as one component's settings."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-    backend: BusSettings = Field(default_factory=EmbeddedBusSettings)
-    """Where events live."""
-    topic_prefix: str = "rollwire"
-    """Topics are `<topic_prefix>.<name>`; give each run its own prefix to keep runs apart."""
-    max_event_bytes: int = Field(default=DEFAULT_MAX_EVENT_BYTES, ge=1024)
-    """Largest encoded event; larger payloads go to the object store as pointers."""
 
 
 def open_log(settings: EmbeddedBusSettings | KafkaBusSettings) -> EventLog:

@@ -69,3 +69,46 @@ def validated(model, data: dict, table: str, command: str):
     except ValidationError as exc:
         fields = "; ".join(f"{table}.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise SystemExit(f"rollwire {command}: invalid settings: {fields}")
+
+
+def _flag_type(annotation):
+    """(argparse type, choices, is_bool) for a settings field's annotation."""
+    import typing
+    from pathlib import Path as _Path
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) in (typing.Union, getattr(__import__("types"), "UnionType", None)) and args:
+        annotation = args[0]
+    if typing.get_origin(annotation) is typing.Literal:
+        choices = list(typing.get_args(annotation))
+        return type(choices[0]), choices, False
+    if annotation is bool:
+        return None, None, True
+    if annotation in (int, float, str):
+        return annotation, None, False
+    if annotation is _Path:
+        return _Path, None, False
+    return str, None, False
+
+
+def add_settings_flags(parser, model, fields: list[str], *, overrides: bool = False) -> None:
+    """One flag per field of the settings `model`, named after it (`max_off_policy` becomes
+    `--max-off-policy`), with its type, choices and doc, so a command's flags cannot drift from the
+    settings the recipe uses. With `overrides`, unset flags leave the field to the config file."""
+    import argparse as _argparse
+    for name in fields:
+        info = model.model_fields[name]
+        kind, choices, is_bool = _flag_type(info.annotation)
+        doc = (info.description or "").split("\n")[0].rstrip(".")
+        default = None if overrides else info.get_default(call_default_factory=True)
+        shown = "" if overrides else " (default: %(default)s)"
+        flag = "--" + name.replace("_", "-")
+        if is_bool:
+            parser.add_argument(flag, action=_argparse.BooleanOptionalAction, default=default, help=doc + shown)
+        else:
+            parser.add_argument(flag, type=kind, choices=choices, default=default, help=doc + shown,
+                                metavar=None if choices else name.upper())
+
+
+def settings_flags(args, fields: list[str]) -> dict:
+    """The values of the flags `add_settings_flags` added, leaving out those not given (None)."""
+    return {name: getattr(args, name) for name in fields if getattr(args, name) is not None}

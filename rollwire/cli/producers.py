@@ -7,7 +7,14 @@ import json
 import shlex
 import time
 
-from rollwire.cli.options import add_bus_options, bus_settings
+from rollwire.cli.options import add_bus_options, add_settings_flags, bus_settings, settings_flags
+from rollwire.consumers.batch_consumer import BatchSettings
+from rollwire.producers.dispatcher import DispatcherSettings, EnvironmentMix
+from rollwire.producers.env_worker import EnvWorkerSettings
+from rollwire.schemas.rollout import SamplingParams
+
+WORKER_FLAGS = ["concurrency", "inference_concurrency", "inference_window_s", "rollout_timeout_s", "runtime", "drain_s",
+                "group_id"]
 
 
 def add_dispatch(sub) -> None:
@@ -23,12 +30,12 @@ def add_dispatch(sub) -> None:
                           help="an environment and its share (repeatable; weight 1 by default)")
     dispatch.add_argument("--option", action="append", default=[], metavar="ENV.KEY=VALUE",
                           help="taskset option, e.g. reverse-digits.seed=3 (repeatable)")
-    dispatch.add_argument("--algorithm", default="grpo", help="advantage algorithm of every group (default: %(default)s)")
-    dispatch.add_argument("--group-size", type=int, default=8, help="rollouts per task (default: %(default)s)")
-    dispatch.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default: %(default)s)")
-    dispatch.add_argument("--max-tokens", type=int, default=256, help="tokens per inference call (default: %(default)s)")
-    dispatch.add_argument("--max-off-policy", type=int, default=2, help="the trainer's setting (default: %(default)s)")
-    dispatch.add_argument("--batch-rollouts", type=int, default=64, help="the trainer's setting (default: %(default)s)")
+    mix = dispatch.add_argument_group("every environment's groups (settings of rollwire.producers.dispatcher.EnvironmentMix)")
+    add_settings_flags(mix, EnvironmentMix, ["algorithm", "group_size"])
+    add_settings_flags(mix, SamplingParams, ["temperature", "max_tokens"])
+    budget = dispatch.add_argument_group("the trainer's batches, which set the budget (trainer.batch in a recipe)")
+    add_settings_flags(budget, BatchSettings, ["max_off_policy", "batch_rollouts"])
+    add_settings_flags(dispatch, DispatcherSettings, ["seed"])
     dispatch.add_argument("--max-groups", type=int, help="stop after issuing this many groups")
     add_bus_options(dispatch)
     dispatch.set_defaults(run=cmd_dispatch)
@@ -48,16 +55,8 @@ def add_env_worker(sub) -> None:
                         help="taskset option, e.g. math-word.path=data.jsonl (repeatable)")
     worker.add_argument("--agent-command", help="run this agent program for every rollout instead of the taskset's "
                                                 "harness; it gets OPENAI_BASE_URL and ROLLWIRE_TASK")
-    worker.add_argument("--runtime", choices=["in-process", "subprocess"], default="in-process",
-                        help="where the taskset's harness runs: in this process, or in a child process per rollout "
-                             "that reaches the model through the rollout's interception URL (default: %(default)s)")
-    worker.add_argument("--concurrency", type=int, default=16,
-                        help="rollouts in flight at once, waiting on environments included (default: %(default)s)")
-    worker.add_argument("--inference-concurrency", type=int, default=32,
-                        help="generation requests in flight to the server at once (default: %(default)s)")
-    worker.add_argument("--inference-window", type=float, default=0.0, metavar="SECONDS",
-                        help="let a generation request wait up to SECONDS for others to reach the server with it as "
-                             "one batch; helps a CPU-bound server under slow environments (default: %(default)s)")
+    add_settings_flags(worker.add_argument_group("worker (settings of rollwire.producers.env_worker.EnvWorkerSettings)"),
+                       EnvWorkerSettings, WORKER_FLAGS)
     worker.add_argument("--exit-when-idle", type=float, metavar="SECONDS", help="stop after SECONDS without tasks")
     add_bus_options(worker)
     worker.set_defaults(run=cmd_env_worker)
@@ -80,22 +79,21 @@ def _tasksets(names: list[str], options: list[str]) -> dict:
 
 def cmd_dispatch(args: argparse.Namespace) -> int:
     from rollwire.bus import catalog_topics, open_log
-    from rollwire.producers.dispatcher import Dispatcher, DispatcherSettings, EnvironmentMix
-    from rollwire.schemas.rollout import SamplingParams
+    from rollwire.producers.dispatcher import Dispatcher
     from rollwire.schemas.topics import Topics
     weights = {}
     for spec in args.env:
         name, _, weight = spec.partition(":")
         weights[name] = float(weight or 1.0)
     tasksets = _tasksets(list(weights), args.option)
-    sampling = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
-    mix = [(EnvironmentMix(name=n, weight=w, algorithm=args.algorithm, group_size=args.group_size, sampling=sampling),
+    sampling = SamplingParams(**settings_flags(args, ["temperature", "max_tokens"]))
+    mix = [(EnvironmentMix(name=n, weight=w, sampling=sampling, **settings_flags(args, ["algorithm", "group_size"])),
             tasksets[n]) for n, w in weights.items()]
+    budget = BatchSettings(**settings_flags(args, ["max_off_policy", "batch_rollouts"]))
     topics = Topics(args.prefix)
     with open_log(bus_settings(args)) as log:
         log.create_topics(catalog_topics(topics))
-        dispatcher = Dispatcher(log, topics, mix, DispatcherSettings(max_off_policy=args.max_off_policy,
-                                                                     batch_rollouts=args.batch_rollouts))
+        dispatcher = Dispatcher(log, topics, mix, budget, DispatcherSettings(seed=args.seed))
         issued = 0
         try:
             while args.max_groups is None or issued < args.max_groups:
@@ -111,7 +109,7 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
 def cmd_env_worker(args: argparse.Namespace) -> int:
     from rollwire.bus import catalog_topics, open_log
     from rollwire.consumers.vllm_control import VllmControl
-    from rollwire.producers.env_worker import EnvWorker, EnvWorkerSettings
+    from rollwire.producers.env_worker import EnvWorker
     from rollwire.producers.harnesses import script_harness
     from rollwire.producers.interception_server import InterceptionServer
     from rollwire.schemas.topics import Topics
@@ -122,9 +120,7 @@ def cmd_env_worker(args: argparse.Namespace) -> int:
     with open_log(bus_settings(args)) as log:
         log.create_topics(catalog_topics(topics))
         worker = EnvWorker(log, topics, VllmControl(args.base_url), tasksets,
-                           EnvWorkerSettings(concurrency=args.concurrency, runtime=args.runtime,
-                                             inference_concurrency=args.inference_concurrency,
-                                             inference_window_s=args.inference_window), harness=harness)
+                           EnvWorkerSettings(**settings_flags(args, WORKER_FLAGS)), harness=harness)
         try:
             worker.run(idle_exit_s=args.exit_when_idle)
         except KeyboardInterrupt:

@@ -29,17 +29,19 @@ def add_run(sub) -> None:
     run.add_argument("--metrics-out", type=Path, help="metrics JSONL path (default: <run_dir>/metrics.jsonl)")
     run.add_argument("--bus", choices=["embedded", "kafka"], help="event log (overrides bus.type)")
     run.add_argument("--bootstrap", help="Kafka bootstrap servers host:port (overrides bus.bootstrap_servers)")
-    run.add_argument("--print-recipe", action="store_true", help="print the recipe (default: the demo) and exit")
+    run.add_argument("--print-recipe", action="store_true",
+                     help="print the recipe (default: the demo) with every setting, its value and its doc, and exit")
     run.set_defaults(run=cmd_run)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from rollwire.run.recipe import load_recipe, recipe_text
-    if args.print_recipe:
-        print(recipe_text(args.recipe), end="")
-        return 0
+    from rollwire.run.recipe import load_recipe
     recipe = load_recipe(args.recipe, steps=args.steps, run_dir=str(args.run_dir) if args.run_dir else None,
                          name=args.name, **{"bus.type": args.bus, "bus.bootstrap_servers": args.bootstrap})
+    if args.print_recipe:
+        from rollwire.run.recipe_print import recipe_toml
+        print(recipe_toml(recipe), end="")
+        return 0
     from rollwire.run.runner import run
     try:
         result = run(recipe, metrics_out=args.metrics_out)

@@ -8,12 +8,21 @@ from pathlib import Path
 
 from rollwire.cli.options import (
     add_bus_options,
+    add_settings_flags,
     add_store_options,
     bus_settings,
     config_table,
+    settings_flags,
     store_settings,
     validated,
 )
+from rollwire.consumers.batch_consumer import BatchSettings
+from rollwire.consumers.vllm_server import VllmServerSettings
+from rollwire.consumers.weight_subscriber import WeightSubscriberSettings
+from rollwire.trainer.settings import TrainerSettings
+
+SERVER_FLAGS = ["served_model_name", "port", "dtype", "max_model_len", "kv_cache_gib", "enable_lora", "max_loras",
+                "max_lora_rank", "enforce_eager"]
 
 
 def add_score(sub) -> None:
@@ -47,16 +56,11 @@ def add_inference(sub) -> None:
                     "hot-reloads it without dropping requests; publishes the replica's status on the fleet "
                     "topic. A crashed server is restarted and given the version it served.")
     inference.add_argument("--model", required=True, help="model directory or name to serve as version 0")
-    inference.add_argument("--served-model-name", default="policy", help="name clients request (default: %(default)s)")
-    inference.add_argument("--port", type=int, default=8000, help="server port on 127.0.0.1 (default: %(default)s)")
-    inference.add_argument("--dtype", default="auto", help="weights dtype (default: %(default)s)")
-    inference.add_argument("--max-model-len", type=int, default=2048, help="tokens per sequence (default: %(default)s)")
-    inference.add_argument("--kv-cache-gib", type=int, default=1, help="CPU KV cache in whole GiB (default: %(default)s)")
-    inference.add_argument("--enable-lora", action="store_true", help="serve LoRA weight versions")
+    add_settings_flags(inference.add_argument_group("server (settings of rollwire.consumers.vllm_server)"),
+                       VllmServerSettings, SERVER_FLAGS)
     inference.add_argument("--replica-id", default=None, help="name in status events (default: 127.0.0.1:PORT)")
-    inference.add_argument("--policy", default="policy", help="policy to follow on the weights topic (default: %(default)s)")
-    inference.add_argument("--cache-dir", type=Path, default=Path("runs/default/replica-cache"),
-                           help="verified checkpoints on this machine (default: %(default)s)")
+    add_settings_flags(inference.add_argument_group("weight subscriber"), WeightSubscriberSettings,
+                       ["policy", "cache_dir", "keep_versions"])
     inference.add_argument("--vllm-log", type=Path, default=None, help="file for the server's own output")
     add_store_options(inference)
     add_bus_options(inference)
@@ -77,9 +81,9 @@ def add_train(sub) -> None:
                "  [trainer.batch]\n  batch_rollouts = 64\n  max_off_policy = 2")
     train.add_argument("--model", help="starting weights (directory or name); overrides trainer.model.path")
     train.add_argument("--config", type=Path, help="TOML file with a [trainer] table")
-    train.add_argument("--checkpoint-dir", type=Path, help="overrides trainer.checkpoint_dir")
-    train.add_argument("--batch-rollouts", type=int, help="overrides trainer.batch.batch_rollouts")
-    train.add_argument("--max-off-policy", type=int, help="overrides trainer.batch.max_off_policy")
+    overrides = train.add_argument_group("overrides of the config file's [trainer] table")
+    add_settings_flags(overrides, TrainerSettings, ["checkpoint_dir", "loss", "lr"], overrides=True)
+    add_settings_flags(overrides, BatchSettings, ["batch_rollouts", "max_off_policy"], overrides=True)
     train.add_argument("--max-steps", type=int, help="stop after this many steps in total")
     train.add_argument("--exit-when-idle", type=float, metavar="SECONDS",
                        help="stop when no batch formed for SECONDS (for replays)")
@@ -106,8 +110,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     if driver == "faust":
         log.close()
         from rollwire.streams.faust_app import FaustScorerSettings, build_app, run_worker
-        app = build_app(FaustScorerSettings(bootstrap_servers=args.bootstrap, topic_prefix=args.prefix,
-                                            app_id=args.app_id), settings)
+        app = build_app(FaustScorerSettings(app_id=args.app_id), settings, bus=bus_settings(args), topics=topics)
         run_worker(app, loglevel="debug" if args.verbose else "warning")
         return 0
     from rollwire.streams.embedded import EmbeddedScorer
@@ -126,15 +129,15 @@ def cmd_score(args: argparse.Namespace) -> int:
 
 def cmd_inference(args: argparse.Namespace) -> int:
     from rollwire.bus import catalog_topics, open_log
-    from rollwire.consumers.vllm_server import VllmServerSettings
-    from rollwire.consumers.weight_subscriber import WeightSubscriberSettings
     from rollwire.objectstore import open_store
     from rollwire.schemas.topics import Topics
-    server = VllmServerSettings(model=args.model, served_model_name=args.served_model_name, port=args.port,
-                                dtype=args.dtype, max_model_len=args.max_model_len, kv_cache_gib=args.kv_cache_gib,
-                                enable_lora=args.enable_lora, log_path=args.vllm_log)
-    subscriber = WeightSubscriberSettings(replica_id=args.replica_id or f"127.0.0.1:{args.port}", policy=args.policy,
-                                          cache_dir=args.cache_dir)
+    from rollwire.consumers.vllm_server import free_port
+    flags = settings_flags(args, SERVER_FLAGS)
+    flags["port"] = flags.get("port") or free_port(flags.get("host", "127.0.0.1"))
+    server = validated(VllmServerSettings, {"model": args.model, "log_path": args.vllm_log, **flags}, "inference",
+                       "inference")
+    subscriber = WeightSubscriberSettings(replica_id=args.replica_id or f"{server.host}:{server.port}",
+                                          **settings_flags(args, ["policy", "cache_dir", "keep_versions"]))
     topics = Topics(args.prefix)
     with open_log(bus_settings(args)) as log:
         log.create_topics(catalog_topics(topics))
@@ -148,17 +151,14 @@ def cmd_inference(args: argparse.Namespace) -> int:
 
 
 def _trainer_settings(args: argparse.Namespace):
-    from rollwire.trainer.loop import TrainerSettings
     data = config_table(args.config, "trainer", "train")
     if args.model:
         data.setdefault("model", {})["path"] = args.model
     if "path" not in data.get("model", {}):
         raise SystemExit("rollwire train: give the starting weights with --model DIR or trainer.model.path")
-    if args.checkpoint_dir:
-        data["checkpoint_dir"] = str(args.checkpoint_dir)
-    for flag, key in (("batch_rollouts", "batch_rollouts"), ("max_off_policy", "max_off_policy")):
-        if getattr(args, flag) is not None:
-            data.setdefault("batch", {})[key] = getattr(args, flag)
+    data.update({k: str(v) if isinstance(v, Path) else v
+                 for k, v in settings_flags(args, ["checkpoint_dir", "loss", "lr"]).items()})
+    data["batch"] = {**data.get("batch", {}), **settings_flags(args, ["batch_rollouts", "max_off_policy"])}
     return validated(TrainerSettings, data, "trainer", "train")
 
 

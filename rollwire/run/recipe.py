@@ -13,18 +13,20 @@ from __future__ import annotations
 import tomllib
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from rollwire.bus import EmbeddedBusSettings, KafkaBusSettings
+from rollwire.bus.settings import BusSettings, EmbeddedBusSettings
+from rollwire.consumers.vllm_server import VllmServerSettings
 from rollwire.errors import ConfigError
-from rollwire.objectstore import LocalStoreSettings, S3StoreSettings
-from rollwire.producers.dispatcher import EnvironmentMix
-from rollwire.producers.env_worker import SimulatedLatency
+from rollwire.objectstore import LocalStoreSettings, StoreSettings
+from rollwire.producers.dispatcher import DispatcherSettings, EnvironmentMix
+from rollwire.producers.env_worker import EnvWorkerSettings
+from rollwire.producers.tasksets import check_taskset
 from rollwire.streams.scoring import ScorerSettings
 from rollwire.telemetry import TelemetrySettings
-from rollwire.trainer.warmstart import WarmStartSettings
+from rollwire.trainer.settings import TrainerSettings, WarmStartSettings
 
 DEMO = "demo.toml"
 """The bundled demo recipe, next to this module."""
@@ -38,14 +40,20 @@ class TinyModelSettings(_Section):
     """A tiny Llama and a character tokenizer built locally (`rollwire.trainer.tiny`)."""
 
     hidden: int = Field(default=128, ge=8)
+    """Hidden size."""
     layers: int = Field(default=2, ge=1)
+    """Decoder layers."""
     heads: int = Field(default=4, ge=1)
+    """Attention heads."""
     kv_heads: int = Field(default=2, ge=1)
+    """Key/value heads (grouped-query attention)."""
     intermediate: int = Field(default=256, ge=8)
+    """MLP width."""
     tie_embeddings: bool = False
     """Must stay false for full-weight training: vLLM's hot reload leaves a tied output layer stale
     (`rollwire.consumers.weight_subscriber.TIED_RELOAD`)."""
     seed: int = 0
+    """Seed of the random initial weights."""
 
 
 class ModelRecipe(_Section):
@@ -60,6 +68,8 @@ class ModelRecipe(_Section):
 class WarmStartRecipe(WarmStartSettings):
     """Supervised warm start on an environment's scripted teacher, before RL (`steps = 0`: none)."""
 
+    steps: int = Field(default=0, ge=0)
+    """Optimizer steps; 0 skips the warm start."""
     environment: str | None = None
     """Environment whose teacher writes the examples; default: the first environment."""
 
@@ -68,105 +78,107 @@ class EnvironmentRecipe(EnvironmentMix):
     """One environment of the run: the dispatcher's mix entry plus the taskset's options."""
 
     options: dict[str, Any] = Field(default_factory=dict)
-    """Keyword arguments of the taskset, e.g. `{ seed = 1 }`."""
+    """Keyword arguments of the taskset, e.g. `{ seed = 1 }`; checked against the taskset."""
+
+    @model_validator(mode="after")
+    def _taskset_accepts(self) -> EnvironmentRecipe:
+        check_taskset(self.name, self.options)
+        return self
 
 
-class EnvWorkersRecipe(_Section):
+class EnvWorkersRecipe(EnvWorkerSettings):
+    """Every env worker of the run (one consumer group): the worker's settings, and how many."""
+
     count: int = Field(default=1, ge=1)
-    """Env worker processes (one consumer group)."""
-    concurrency: int = Field(default=16, ge=1)
-    """Rollouts in flight per worker (environment slots; a rollout waiting on its environment holds one)."""
-    inference_concurrency: int = Field(default=32, ge=1)
-    """Generation requests in flight per worker to the fleet."""
-    inference_window_s: float = Field(default=0.0, ge=0, le=1)
-    """Longest a generation request waits for others to reach the fleet with it as one batch."""
-    runtime: Literal["in-process", "subprocess"] = "in-process"
-    """Where harnesses run (`rollwire.producers.runtimes`)."""
-    simulated_latency: SimulatedLatency | None = None
-    """A random delay before every rollout, to rehearse slow environments (benchmarks); None: off."""
+    """Env worker processes."""
+
+    def for_worker(self, index: int) -> EnvWorkerSettings:
+        return EnvWorkerSettings(**self.model_dump(exclude={"count", "name"}), name=f"env-worker-{index}")
 
 
-class InferenceRecipe(_Section):
-    """The managed vLLM server (one replica); the model comes from `[model]`."""
+class InferenceRecipe(VllmServerSettings):
+    """The managed vLLM server (one replica). Its model is `[model]`'s; `dtype = "auto"` here means
+    the trainer's dtype (float32 on CPU, bfloat16 on CUDA), so that sampler and trainer logprobs
+    agree (vLLM's own `auto` picks bfloat16 on a CPU)."""
 
-    port: int = Field(default=0, ge=0, le=65535)
-    """Port on 127.0.0.1; 0 picks a free one."""
-    max_model_len: int = Field(default=256, ge=16)
-    kv_cache_gib: int = Field(default=1, ge=1)
-    dtype: str = "auto"
-    """Weights dtype of the server; `auto` takes the trainer's (float32 on CPU, bfloat16 on CUDA), so
-    that sampler and trainer log-probabilities agree (vLLM's own `auto` picks bfloat16 on CPU)."""
-    extra_args: list[str] = Field(default_factory=list)
-
-
-class BusRecipe(_Section):
-    type: Literal["embedded", "kafka"] = "embedded"
-    """`embedded`: `<run_dir>/log`, nothing to run; `kafka`: a cluster at `bootstrap_servers`."""
-    bootstrap_servers: str = "127.0.0.1:9092"
-    prefix: str | None = None
-    """Topic prefix; default: the recipe's name (each run its own topics)."""
-
-
-class StoreRecipe(_Section):
-    type: Literal["local", "s3"] = "local"
-    """`local`: `<run_dir>/weights`; `s3`: the `s3` settings."""
-    s3: S3StoreSettings = Field(default_factory=S3StoreSettings)
+    model: str = ""
+    """Filled in from `[model]`; leave unset."""
 
 
 class RunRecipe(_Section):
-    """Everything `rollwire run` starts."""
+    """Everything `rollwire run` starts. Each table is a component's own settings model."""
 
     name: str = Field(default="demo", pattern=r"^[A-Za-z0-9_-]+$")
     """Name of the run: the default run directory and topic prefix."""
     run_dir: Path | None = None
     """Where the run keeps its log, weights, checkpoints, metrics and plots; default `runs/<name>`."""
+    prefix: str | None = None
+    """Topic prefix; default: the run's name (each run its own topics)."""
     steps: int = Field(default=100, ge=1)
     """Trainer steps; the run ends after the last one."""
     model: ModelRecipe = Field(default_factory=ModelRecipe)
-    warm_start: WarmStartRecipe = Field(default_factory=lambda: WarmStartRecipe(steps=0))
+    """The policy's starting weights."""
+    warm_start: WarmStartRecipe = Field(default_factory=WarmStartRecipe)
+    """Supervised warm start before RL."""
     environments: list[EnvironmentRecipe] = Field(min_length=1)
     """The dispatcher's mix; every env worker runs all of them."""
-    dispatcher_seed: int = 0
+    dispatcher: DispatcherSettings = Field(default_factory=DispatcherSettings)
+    """The dispatcher (its budget is the trainer's `[trainer.batch]`)."""
     env_workers: EnvWorkersRecipe = Field(default_factory=EnvWorkersRecipe)
+    """The env workers."""
     scorer: ScorerSettings = Field(default_factory=ScorerSettings)
-    trainer: dict[str, Any] = Field(default_factory=dict)
-    """`TrainerSettings` without `model.path` and `checkpoint_dir` (the run fills them in)."""
+    """The group scorer."""
+    trainer: TrainerSettings = Field(default_factory=TrainerSettings)
+    """The trainer; `model.path` and `checkpoint_dir` default to the run's."""
     trainer_threads: int = Field(default=1, ge=1)
     """torch CPU threads of the trainer process (on a small CPU the inference server needs the rest)."""
     inference: InferenceRecipe = Field(default_factory=InferenceRecipe)
-    bus: BusRecipe = Field(default_factory=BusRecipe)
-    store: StoreRecipe = Field(default_factory=StoreRecipe)
+    """The managed vLLM server."""
+    bus: BusSettings = Field(default_factory=EmbeddedBusSettings)
+    """The event log: `type = "embedded"` (default path `<run_dir>/log`) or `"kafka"`."""
+    store: StoreSettings = Field(default_factory=LocalStoreSettings)
+    """Weights: `type = "local"` (default root `<run_dir>/weights`) or `"s3"`."""
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     """Where spans go (`exporter = "otlp"`, `"console"`, `"file"` with `file_path`, or `"none"`)."""
 
     @model_validator(mode="after")
-    def _consistent(self) -> RunRecipe:
+    def _resolve(self) -> RunRecipe:
+        """Fills in what derives from the run (paths, the model), and refuses what cannot run."""
         if self.run_dir is None:
             self.run_dir = Path("runs") / self.name
-        full_weights = "lora" not in self.trainer.get("model", {})
-        if full_weights and self.model.path is None and self.model.tiny.tie_embeddings:
-            raise ValueError("model.tiny.tie_embeddings = true cannot be trained with full-weight versions: vLLM's "
-                             "hot reload leaves a tied output layer on the old weights; set it to false")
-        from rollwire.consumers.weight_subscriber import ties_embeddings
-        if full_weights and self.model.path is not None and ties_embeddings(Path(self.model.path)):
-            raise ValueError(f"model.path = {self.model.path!r} ties its embeddings (tie_word_embeddings): its full "
-                             "weight versions cannot be hot-reloaded by vLLM; untie it, or train LoRA adapters "
-                             "([trainer.model.lora])")
+        if "path" not in self.bus.model_fields_set and isinstance(self.bus, EmbeddedBusSettings):
+            self.bus = self.bus.model_copy(update={"path": self.run_dir / "log"})
+        if "root" not in self.store.model_fields_set and isinstance(self.store, LocalStoreSettings):
+            self.store = self.store.model_copy(update={"root": self.run_dir / "weights"})
+        trainer: dict[str, Any] = {"model": self.trainer.model.model_copy(update={"path": self.base_model})}
+        if "checkpoint_dir" not in self.trainer.model_fields_set:
+            trainer["checkpoint_dir"] = self.run_dir / "trainer"
+        self.trainer = self.trainer.model_copy(update=trainer)
+        inference: dict[str, Any] = {"model": self.base_model, "enable_lora": self.trainer.model.lora is not None}
+        if self.inference.log_path is None:
+            inference["log_path"] = self.run_dir / "logs" / "vllm.log"
+        self.inference = self.inference.model_copy(update=inference)
+        self._check_tied_embeddings()
         names = [e.name for e in self.environments]
         if self.warm_start.steps and self.warm_start.environment not in (None, *names):
             raise ValueError(f"warm_start.environment = {self.warm_start.environment!r} is not one of the "
                              f"recipe's environments ({', '.join(names)})")
-        self.trainer_settings()  # fails here, at load time, on a bad [trainer] table
-        try:
-            self.bus_settings()
-        except ValidationError as exc:
-            raise ValueError(f"[bus] table: {exc.errors()[0]['msg']}") from None
-        from rollwire.producers.tasksets import known_tasksets
-        unknown = [n for n in names if n not in known_tasksets()]
-        if unknown:
-            raise ValueError(f"unknown environment {unknown[0]!r} in [[environments]]; known: "
-                             f"{', '.join(sorted(known_tasksets()))}")
+        if self.trainer.batch.batch_rollouts is None:
+            raise ValueError("trainer.batch.batch_rollouts must be set in a run: the dispatcher paces work in "
+                             "rollouts (batch_tokens may still cap a step)")
         return self
+
+    def _check_tied_embeddings(self) -> None:
+        if self.trainer.model.lora is not None:
+            return
+        if self.model.path is None and self.model.tiny.tie_embeddings:
+            raise ValueError("model.tiny.tie_embeddings = true cannot be trained with full-weight versions: vLLM's "
+                             "hot reload leaves a tied output layer on the old weights; set it to false")
+        from rollwire.consumers.weight_subscriber import ties_embeddings
+        if self.model.path is not None and ties_embeddings(Path(self.model.path)):
+            raise ValueError(f"model.path = {self.model.path!r} ties its embeddings (tie_word_embeddings): its full "
+                             "weight versions cannot be hot-reloaded by vLLM; untie it, or train LoRA adapters "
+                             "([trainer.model.lora])")
 
     # -- what each component gets -------------------------------------------------------------
 
@@ -175,41 +187,16 @@ class RunRecipe(_Section):
         return self.model.path or str(self.run_dir / "base")
 
     @property
-    def prefix(self) -> str:
-        return self.bus.prefix or self.name
+    def topic_prefix(self) -> str:
+        return self.prefix or self.name
 
-    def bus_settings(self) -> EmbeddedBusSettings | KafkaBusSettings:
-        if self.bus.type == "kafka":
-            return KafkaBusSettings(bootstrap_servers=self.bus.bootstrap_servers)
-        return EmbeddedBusSettings(path=self.run_dir / "log")
-
-    def store_settings(self) -> LocalStoreSettings | S3StoreSettings:
-        return self.store.s3 if self.store.type == "s3" else LocalStoreSettings(root=self.run_dir / "weights")
-
-    def trainer_settings(self):
-        from rollwire.trainer.loop import TrainerSettings
-        data = {**self.trainer, "checkpoint_dir": str(self.run_dir / "trainer")}
-        data["model"] = {**data.get("model", {}), "path": self.base_model}
-        data.setdefault("batch", {})
-        try:
-            return TrainerSettings.model_validate(data)
-        except ValidationError as exc:
-            raise ValueError(f"[trainer] table: {exc}") from None
-
-    def inference_dtype(self) -> str:
-        if self.inference.dtype != "auto":
-            return self.inference.dtype
-        from rollwire.trainer.model import resolve_device
-        _, dtype = resolve_device(self.trainer_settings().model)
-        return str(dtype).removeprefix("torch.")
-
-    @property
-    def max_off_policy(self) -> int:
-        return self.trainer_settings().batch.max_off_policy
-
-    @property
-    def batch_rollouts(self) -> int:
-        return self.trainer_settings().batch.batch_rollouts or 64
+    def server_settings(self) -> VllmServerSettings:
+        """The replica's server: this recipe's `[inference]` with `dtype = "auto"` resolved to the trainer's."""
+        dtype = self.inference.dtype
+        if dtype == "auto":
+            from rollwire.trainer.model import resolve_device
+            dtype = str(resolve_device(self.trainer.model)[1]).removeprefix("torch.")
+        return VllmServerSettings(**self.inference.model_dump(exclude={"dtype"}), dtype=dtype)
 
     def warm_start_environment(self) -> EnvironmentRecipe:
         name = self.warm_start.environment or self.environments[0].name
@@ -224,6 +211,16 @@ class RunRecipe(_Section):
         return self.telemetry.model_copy(update=update)
 
 
+def describe_errors(exc: ValidationError) -> str:
+    """A pydantic error as one line per problem: `field.path: what to change`."""
+    lines = []
+    for error in exc.errors():
+        where = ".".join(str(part) for part in error["loc"])
+        message = error["msg"].removeprefix("Value error, ")
+        lines.append(f"{where}: {message}" if where else message)
+    return "; ".join(lines)
+
+
 def recipe_text(path: Path | None = None) -> str:
     """The TOML text of the recipe at `path`, or of the bundled demo."""
     try:
@@ -233,7 +230,8 @@ def recipe_text(path: Path | None = None) -> str:
 
 
 def load_recipe(path: Path | None = None, **overrides: Any) -> RunRecipe:
-    """The recipe at `path` (default: the bundled demo), with `overrides` (`key` or `table.key`) applied."""
+    """The recipe at `path` (default: the bundled demo), with `overrides` (`key` or `table.key`) applied;
+    a recipe that cannot run raises `ConfigError` naming each field to change."""
     where = str(path) if path else "the bundled demo recipe"
     text = recipe_text(path)
     try:
@@ -250,4 +248,4 @@ def load_recipe(path: Path | None = None, **overrides: Any) -> RunRecipe:
     try:
         return RunRecipe.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(f"{where}: {exc}") from None
+        raise ConfigError(f"{where}: {describe_errors(exc)}") from None

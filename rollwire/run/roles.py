@@ -33,25 +33,18 @@ def base_url(recipe: RunRecipe) -> str:
 
 def run_replica(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
     from rollwire.consumers.replica import Replica
-    from rollwire.consumers.vllm_server import VllmServerSettings
     from rollwire.consumers.weight_subscriber import WeightSubscriberSettings
     from rollwire.objectstore import open_store
-    inference = recipe.inference
-    server = VllmServerSettings(model=recipe.base_model, port=inference.port, dtype=recipe.inference_dtype(),
-                                max_model_len=inference.max_model_len, kv_cache_gib=inference.kv_cache_gib,
-                                extra_args=inference.extra_args, log_path=recipe.run_dir / "logs" / "vllm.log")
-    subscriber = WeightSubscriberSettings(replica_id=f"replica-{index}", policy=recipe.trainer_settings().policy,
+    subscriber = WeightSubscriberSettings(replica_id=f"replica-{index}", policy=recipe.trainer.policy,
                                           cache_dir=recipe.run_dir / "replica-cache")
-    Replica(log, topics, open_store(recipe.store_settings()), server, subscriber).run()
+    Replica(log, topics, open_store(recipe.store), recipe.server_settings(), subscriber).run()
 
 
 def run_scorer(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
     if recipe.bus.type == "kafka":
         from rollwire.streams.faust_app import FaustScorerSettings, build_app, run_worker
-        app = build_app(FaustScorerSettings(bootstrap_servers=recipe.bus.bootstrap_servers, topic_prefix=topics.prefix,
-                                            app_id=f"{topics.prefix}-scorer",
-                                            data_dir=recipe.run_dir / "faust"), recipe.scorer)
-        run_worker(app, loglevel="warning")
+        settings = FaustScorerSettings(app_id=f"{topics.prefix}-scorer", data_dir=recipe.run_dir / "faust")
+        run_worker(build_app(settings, recipe.scorer, bus=recipe.bus, topics=topics), loglevel="warning")
         return
     from rollwire.streams.embedded import EmbeddedScorer
     from rollwire.streams.scoring import GroupScorer
@@ -65,7 +58,7 @@ def run_scorer(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
 def run_trainer(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
     from rollwire.objectstore import open_store
     from rollwire.trainer.loop import Trainer
-    trainer = Trainer(log, topics, open_store(recipe.store_settings()), recipe.trainer_settings())
+    trainer = Trainer(log, topics, open_store(recipe.store), recipe.trainer)
     try:
         trainer.run(max_steps=recipe.steps)
     finally:
@@ -74,15 +67,10 @@ def run_trainer(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
 
 def run_env_worker(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
     from rollwire.consumers.vllm_control import VllmControl
-    from rollwire.producers.env_worker import EnvWorker, EnvWorkerSettings
+    from rollwire.producers.env_worker import EnvWorker
     from rollwire.producers.tasksets import load_taskset
     tasksets = {e.name: load_taskset(e.name, **e.options) for e in recipe.environments}
-    settings = EnvWorkerSettings(concurrency=recipe.env_workers.concurrency, name=f"env-worker-{index}",
-                                 inference_concurrency=recipe.env_workers.inference_concurrency,
-                                 inference_window_s=recipe.env_workers.inference_window_s,
-                                 simulated_latency=recipe.env_workers.simulated_latency,
-                                 runtime=recipe.env_workers.runtime)
-    worker = EnvWorker(log, topics, VllmControl(base_url(recipe)), tasksets, settings)
+    worker = EnvWorker(log, topics, VllmControl(base_url(recipe)), tasksets, recipe.env_workers.for_worker(index))
     try:
         worker.run()
     finally:
@@ -90,13 +78,10 @@ def run_env_worker(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
 
 
 def run_dispatcher(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
-    from rollwire.producers.dispatcher import Dispatcher, DispatcherSettings, EnvironmentMix
+    from rollwire.producers.dispatcher import Dispatcher
     from rollwire.producers.tasksets import load_taskset
-    mix = [(EnvironmentMix.model_validate(e.model_dump(exclude={"options"})), load_taskset(e.name, **e.options))
-           for e in recipe.environments]
-    dispatcher = Dispatcher(log, topics, mix, DispatcherSettings(max_off_policy=recipe.max_off_policy,
-                                                                 batch_rollouts=recipe.batch_rollouts,
-                                                                 seed=recipe.dispatcher_seed))
+    mix = [(e, load_taskset(e.name, **e.options)) for e in recipe.environments]
+    dispatcher = Dispatcher(log, topics, mix, recipe.trainer.batch, recipe.dispatcher)
     try:
         while True:
             dispatcher.step(timeout_s=0.5)
@@ -123,10 +108,10 @@ def main(argv: list[str] | None = None) -> int:
         import torch
         torch.set_num_threads(recipe.trainer_threads)
     provider = telemetry.configure(recipe.telemetry_for(args.role))
-    topics = Topics(recipe.prefix)
+    topics = Topics(recipe.topic_prefix)
     started = time.monotonic()
     try:
-        with open_log(recipe.bus_settings()) as log:
+        with open_log(recipe.bus) as log:
             log.create_topics(catalog_topics(topics))
             RUNNERS[args.role](recipe, log, topics, args.index)
     except KeyboardInterrupt:

@@ -16,7 +16,6 @@ metrics file is rebuilt from the log.
 from __future__ import annotations
 
 import shutil
-import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 
 from rollwire.bus import catalog_topics, open_log
 from rollwire.consumers.vllm_control import VllmControl
+from rollwire.consumers.vllm_server import free_port
 from rollwire.run.progress import RunProgress, plot
 from rollwire.run.recipe import RunRecipe
 from rollwire.run.roles import base_url
@@ -45,17 +45,11 @@ class RunResult:
     seconds: float
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def resolve(recipe: RunRecipe) -> Path:
     """Step 1: fixes what must be the same in every process (the server port) and writes recipe.json."""
     recipe.run_dir.mkdir(parents=True, exist_ok=True)
     if recipe.inference.port == 0:
-        recipe.inference.port = _free_port()
+        recipe.inference.port = free_port()
     path = recipe.run_dir / "recipe.json"
     path.write_text(recipe.model_dump_json(indent=1))
     return path
@@ -116,8 +110,8 @@ def run(recipe: RunRecipe, *, metrics_out: Path | None = None, console: Console 
                   f"{recipe.steps} steps; Ctrl-C stops, the same command resumes)")
     # Step 2
     prepare_model(recipe, console)
-    topics = Topics(recipe.prefix)
-    log = open_log(recipe.bus_settings())
+    topics = Topics(recipe.topic_prefix)
+    log = open_log(recipe.bus)
     log.create_topics(catalog_topics(topics))
     supervisor = Supervisor(recipe_json, recipe.run_dir / "logs")
     progress = RunProgress(log, topics, metrics_path)

@@ -5,28 +5,23 @@
         name = "rloo"
         def __call__(self, group): ...
 
-Every module in this package is imported on first lookup, so adding an algorithm is adding one
-module; no other file changes. Estimators are pure: plain numbers in, plain numbers out, no
+Every module in this package is imported on first lookup (`rollwire.registry`), so adding an
+algorithm is adding one module; no other file changes. Estimators are pure: plain numbers in, plain numbers out, no
 Kafka, torch or network. The scorer looks one up by the name each task carries.
 """
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from rollwire.errors import RollwireError
+from rollwire.registry import Registry, UnknownNameError
 
 
-class UnknownAlgorithmError(RollwireError, KeyError):
+class UnknownAlgorithmError(UnknownNameError):
     """No advantage estimator is registered under the requested name."""
-
-    def __str__(self) -> str:
-        return str(self.args[0])
 
 
 @dataclass(frozen=True)
@@ -62,40 +57,23 @@ class AdvantageEstimator(ABC):
         """One advantage per sample of `group`, in order."""
 
 
-_REGISTRY: dict[str, type[AdvantageEstimator]] = {}
-_DISCOVERED = False
+ALGORITHMS: Registry[type[AdvantageEstimator]] = Registry("advantage algorithm", package=__name__,
+                                                         error=UnknownAlgorithmError)
 
 
 def register(cls: type[AdvantageEstimator]) -> type[AdvantageEstimator]:
     """Class decorator: makes `cls` available under `cls.name`."""
-    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
-        raise RollwireError(f"two advantage estimators claim the name {cls.name!r}")
-    _REGISTRY[cls.name] = cls
-    return cls
-
-
-def _discover() -> None:
-    global _DISCOVERED
-    if not _DISCOVERED:
-        for module in pkgutil.iter_modules(__path__):
-            importlib.import_module(f"{__name__}.{module.name}")
-        _DISCOVERED = True
+    return ALGORITHMS.add(cls.name, cls)
 
 
 def names() -> list[str]:
     """Every registered algorithm name."""
-    _discover()
-    return sorted(_REGISTRY)
+    return ALGORITHMS.names()
 
 
 def build(name: str) -> AdvantageEstimator:
-    """The estimator registered as `name`; raises `UnknownAlgorithmError` naming the known ones."""
-    _discover()
-    try:
-        return _REGISTRY[name]()
-    except KeyError:
-        raise UnknownAlgorithmError(f"unknown advantage algorithm {name!r}; known: {', '.join(sorted(_REGISTRY))}. "
-                                    "Fix the environment's algorithm in the dispatcher settings") from None
+    """The estimator registered as `name`; raises `UnknownAlgorithmError` naming the valid ones."""
+    return ALGORITHMS.get(name)()
 
 
 def centered(rewards: Sequence[float]) -> list[float]:

@@ -51,8 +51,10 @@ def test_distillation_gives_teacher_minus_student_per_trained_token():
 
 
 def test_unknown_names_list_the_known_ones():
-    with pytest.raises(UnknownAlgorithmError, match="known: distill, dr-grpo, grpo, grpo-nostd, rloo, sft"):
+    with pytest.raises(UnknownAlgorithmError, match="valid: distill, dr-grpo, grpo, grpo-nostd, rloo, sft"):
         advantages.build("ppo")
+    with pytest.raises(UnknownAlgorithmError, match="did you mean 'grpo'"):
+        advantages.build("grpoo")
 
 
 def test_every_estimator_returns_finite_values_for_mixed_groups():

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from rollwire.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
-from rollwire.producers.dispatcher import Dispatcher, DispatcherSettings, EnvironmentMix, may_issue
+from rollwire.consumers.batch_consumer import BatchSettings
+from rollwire.producers.dispatcher import Dispatcher, EnvironmentMix, may_issue
 from rollwire.producers.tasksets import load_taskset
 from rollwire.schemas import Codec, RolloutsDropped, TaskAssigned, Topics, TrainStepCompleted
 
@@ -19,7 +20,7 @@ def test_the_dispatcher_issues_only_what_the_trainer_can_take_in_time(tmp_path):
     log.create_topics(catalog_topics(topics))
     mix = [(EnvironmentMix(name="reverse-digits", group_size=4, weight=3.0), load_taskset("reverse-digits", count=50)),
            (EnvironmentMix(name="math-word", group_size=4, weight=1.0, algorithm="rloo"), _math(tmp_path))]
-    dispatcher = Dispatcher(log, topics, mix, DispatcherSettings(max_off_policy=1, batch_rollouts=8))
+    dispatcher = Dispatcher(log, topics, mix, BatchSettings(max_off_policy=1, batch_rollouts=8))
 
     assert dispatcher.step() == 4 and dispatcher.in_flight == 16  # (1 + 1) * 8 rollouts
     assert dispatcher.step() == 0
@@ -31,7 +32,7 @@ def test_the_dispatcher_issues_only_what_the_trainer_can_take_in_time(tmp_path):
     assert dispatcher.step() == 2 and dispatcher.policy_version == 1
     dispatcher.close()
 
-    restarted = Dispatcher(log, topics, mix, DispatcherSettings(max_off_policy=1, batch_rollouts=8))
+    restarted = Dispatcher(log, topics, mix, BatchSettings(max_off_policy=1, batch_rollouts=8))
     assert restarted.step() == 0 and restarted.in_flight == 16  # its predecessor's work counts
     restarted.close()
     with log.reader([topics.tasks]) as reader:
@@ -55,7 +56,7 @@ def test_no_group_is_issued_while_the_fleet_serves_weights_older_than_the_budget
     log = open_log(EmbeddedBusSettings(path=tmp_path / "log"))
     log.create_topics(catalog_topics(topics))
     mix = [(EnvironmentMix(name="reverse-digits", group_size=4), load_taskset("reverse-digits", count=50))]
-    dispatcher = Dispatcher(log, topics, mix, DispatcherSettings(max_off_policy=0, batch_rollouts=4))
+    dispatcher = Dispatcher(log, topics, mix, BatchSettings(max_off_policy=0, batch_rollouts=4))
     others = EventProducer(log.producer(), topics, name="others")
     others.send(topics.fleet, ReplicaStatus(replica_id="r0", state="serving"), key="r0")
     others.flush()
@@ -84,7 +85,7 @@ def test_a_step_seen_before_its_weights_event_already_holds_the_next_batch_back(
     log = open_log(EmbeddedBusSettings(path=tmp_path / "log"))
     log.create_topics(catalog_topics(topics))
     mix = [(EnvironmentMix(name="reverse-digits", group_size=4), load_taskset("reverse-digits", count=50))]
-    dispatcher = Dispatcher(log, topics, mix, DispatcherSettings(max_off_policy=0, batch_rollouts=4))
+    dispatcher = Dispatcher(log, topics, mix, BatchSettings(max_off_policy=0, batch_rollouts=4))
     others = EventProducer(log.producer(), topics, name="others")
     others.send(topics.fleet, ReplicaStatus(replica_id="r0", state="serving", serving_version=0), key="r0")
     others.flush()
@@ -96,4 +97,28 @@ def test_a_step_seen_before_its_weights_event_already_holds_the_next_batch_back(
     others.send(topics.fleet, ReplicaStatus(replica_id="r0", state="serving", serving_version=1), key="r0")
     others.flush()
     assert dispatcher.step() == 1
+    dispatcher.close()
+
+
+def test_dead_lettered_rollouts_and_tasks_are_counted_back_once(tmp_path):
+    """A refused rollout is never trained or dropped: without counting it back the budget shrinks
+    for good, and a run whose rollouts are all refused stands still."""
+    from rollwire.bus import DeadLetters, Record
+    topics = Topics("dl")
+    log = open_log(EmbeddedBusSettings(path=tmp_path / "log"))
+    log.create_topics(catalog_topics(topics))
+    mix = [(EnvironmentMix(name="reverse-digits", group_size=4), load_taskset("reverse-digits", count=50))]
+    dispatcher = Dispatcher(log, topics, mix, BatchSettings(max_off_policy=0, batch_rollouts=8))
+    assert dispatcher.step() == 2 and dispatcher.in_flight == 8
+    others = EventProducer(log.producer(), topics, name="others")
+    letters = DeadLetters(others, "scorer")
+    rollout = Record(topics.rollouts, 0, 5, b"g", b"not an event", 0)
+    letters.send(rollout, "unknown advantage algorithm")
+    letters.send(rollout, "unknown advantage algorithm")  # the same record again: counted once
+    with log.reader([topics.tasks]) as reader:
+        task = reader.poll_batch(1, 5.0)[0]
+    letters.send(task, "no environment 'reverse-digits' in this worker")
+    others.flush()
+    dispatcher.step()
+    assert dispatcher.dead_lettered == 5 and dispatcher.issued == 8 + 4  # 5 counted back: room for one group
     dispatcher.close()

@@ -11,6 +11,8 @@ from builders import group_of, tick
 
 from rollwire.bus.partitioner import partition_for
 from rollwire.schemas import Codec, DeadLetter, RolloutsDropped, ScoredRollout
+from rollwire.bus import KafkaBusSettings
+from rollwire.schemas import Topics
 from rollwire.streams.faust_app import FaustScorerSettings, build_app
 from rollwire.streams.scoring import ScorerSettings
 
@@ -21,8 +23,8 @@ def run_agent(values: list[tuple[bytes, bytes]], scorer_settings: ScorerSettings
     async def sink(topic, key, value, headers):
         sent.append((topic, Codec().decode(value).event))
 
-    app = build_app(FaustScorerSettings(bootstrap_servers="127.0.0.1:1", topic_prefix="unit", app_id="unit-scorer"),
-                    scorer_settings, sink=sink)
+    app = build_app(FaustScorerSettings(app_id="unit-scorer"), scorer_settings,
+                    bus=KafkaBusSettings(bootstrap_servers="127.0.0.1:1"), topics=Topics("unit"), sink=sink)
     app.finalize()
     app.conf.store = "memory://"
     agent = app.agents["rollwire.streams.faust_app.score"]

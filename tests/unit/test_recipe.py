@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+import time
 import tomllib
 
 import pytest
@@ -12,7 +14,7 @@ from builders import rollout
 from rollwire.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
 from rollwire.errors import ConfigError
 from rollwire.run.progress import RunProgress, plot
-from rollwire.run.recipe import load_recipe, recipe_text
+from rollwire.run.recipe import load_recipe
 from rollwire.schemas import Topics, TrainStepCompleted
 from rollwire.schemas.training import Staleness
 from rollwire.schemas.weights import ReplicaStatus
@@ -20,33 +22,79 @@ from rollwire.schemas.weights import ReplicaStatus
 
 def test_the_bundled_demo_is_a_complete_recipe():
     recipe = load_recipe()
-    assert recipe.name == "demo" and str(recipe.run_dir) == "runs/demo" and recipe.prefix == "demo"
+    assert recipe.name == "demo" and str(recipe.run_dir) == "runs/demo" and recipe.topic_prefix == "demo"
     assert recipe.environments[0].name == "reverse-digits" and recipe.warm_start.steps > 0
-    trainer = recipe.trainer_settings()
-    assert trainer.model.path == "runs/demo/base" and str(trainer.checkpoint_dir) == "runs/demo/trainer"
+    assert recipe.trainer.model.path == "runs/demo/base" and str(recipe.trainer.checkpoint_dir) == "runs/demo/trainer"
+    assert str(recipe.bus.path) == "runs/demo/log" and str(recipe.store.root) == "runs/demo/weights"
     assert recipe.scorer.group_rewards["reverse-digits"][0].name == "shortest_correct"
     import torch
     # the server samples in the trainer's dtype (vLLM's own `auto` would pick bfloat16 on a CPU)
-    assert recipe.inference_dtype() == ("bfloat16" if torch.cuda.is_available() else "float32")
+    assert recipe.server_settings().dtype == ("bfloat16" if torch.cuda.is_available() else "float32")
+
+
+def _fields(model, path=()):
+    """Every (dotted path, value) of a settings model, nested tables and lists of tables included."""
+    from pydantic import BaseModel
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        if isinstance(value, BaseModel):
+            yield from _fields(value, (*path, name))
+        elif isinstance(value, list) and value and isinstance(value[0], BaseModel):
+            for item in value:
+                yield from _fields(item, (*path, name))
+        else:
+            yield ".".join((*path, name)), value
+
+
+def test_print_recipe_shows_every_setting_with_its_doc_and_reads_back_the_same():
+    recipe = load_recipe()
     printed = subprocess.run([sys.executable, "-m", "rollwire", "run", "--print-recipe"], capture_output=True,
                              text=True, timeout=60)
-    assert tomllib.loads(printed.stdout) == tomllib.loads(recipe_text())
+    assert printed.returncode == 0, printed.stderr
+    documented: dict[str, bool] = {}  # dotted setting -> whether a doc comment precedes it
+    table, previous = "", ""
+    for line in printed.stdout.splitlines():
+        if line.startswith("["):
+            table = line.strip("[]")
+        elif " =" in line and not line.startswith("# ") or line.startswith("# ") and line.endswith("(unset)"):
+            key = line.removeprefix("# ").split(" =")[0]
+            documented[f"{table}.{key}".lstrip(".")] = bool(re.match(r"# (?![\w\"-]+ = )", previous))
+        previous = line
+    for dotted, _ in _fields(recipe):
+        assert dotted in documented, f"{dotted} is missing from --print-recipe"
+        assert documented[dotted], f"{dotted} has no doc comment"
+    from rollwire.run.recipe import RunRecipe
+    assert RunRecipe.model_validate(tomllib.loads(printed.stdout)).model_dump() == recipe.model_dump()
 
 
 def test_overrides_and_kafka_settings(tmp_path):
     recipe = load_recipe(None, steps=3, run_dir=str(tmp_path / "r"), **{"bus.type": "kafka",
                                                                       "bus.bootstrap_servers": "10.0.0.1:9092"})
-    assert recipe.steps == 3 and recipe.bus_settings().bootstrap_servers == "10.0.0.1:9092"
-    assert recipe.trainer_settings().model.path == str(tmp_path / "r" / "base")
+    assert recipe.steps == 3 and recipe.bus.bootstrap_servers == "10.0.0.1:9092"
+    assert recipe.trainer.model.path == str(tmp_path / "r" / "base")
+
+
+ENV = "[[environments]]\nname = 'reverse-digits'\n"
 
 
 @pytest.mark.parametrize("text, message", [
-    ("steps = 3", "environments"),
-    ("[[environments]]\nname = 'reverse-digits'\n[trainer]\nlr = -1", "trainer"),
-    ("[[environments]]\nname = 'reverse-digits'\n[warm_start]\nsteps = 5\nenvironment = 'chess'", "chess"),
-    ("[[environments]]\nname = 'reverse-digits'\n[bus]\ntype = 'kafka'\nbootstrap_servers = 'nohost'", "host:port"),
+    ("steps = 3", "environments: Field required"),
+    (ENV + "[trainer]\nlr = -1", "trainer.lr"),
+    (ENV + "[warm_start]\nsteps = 5\nenvironment = 'chess'", "chess"),
+    (ENV + "[bus]\ntype = 'kafka'\nbootstrap_servers = 'nohost'", "host:port"),
     ("steps = [", "not valid TOML"),
-    ("[[environments]]\nname = 'chess'", "unknown environment 'chess'"),
+    ("[[environments]]\nname = 'chess'", "environments.0.name: unknown taskset 'chess'; valid: calculator"),
+    (ENV + "algorithm = 'grpoo'", "environments.0.algorithm: unknown advantage algorithm 'grpoo'; valid: .*"
+                                  "did you mean 'grpo'"),
+    (ENV + "options = { sed = 1 }", "taskset reverse-digits has no option 'sed' \\(did you mean 'seed'\\?\\); "
+                                    "it takes seed, count"),
+    (ENV + "[trainer]\nloss = 'ppo_clp'", "trainer: unknown loss 'ppo_clp'; valid: .*did you mean 'ppo_clip'"),
+    (ENV + "[trainer]\nloss_params = { eps_hi = 0.3 }", "no parameter 'eps_hi' \\(did you mean 'eps_high'\\?\\)"),
+    (ENV + "[scorer.group_rewards]\nreverse-digits = [{ name = 'shortest' }]",
+     "unknown group reward 'shortest'; valid: shortest_correct \\(did you mean 'shortest_correct'\\?\\)"),
+    (ENV + "[scorer.group_rewards]\nreverse-digits = [{ name = 'shortest_correct', bonnus = 1 }]",
+     "group reward shortest_correct has no option 'bonnus' \\(did you mean 'bonus'\\?\\)"),
+    (ENV + "[env_workers]\nruntime = 'docker'", "env_workers.runtime: Input should be 'in-process' or 'subprocess'"),
 ])
 def test_bad_recipes_say_what_to_change(tmp_path, text, message):
     path = tmp_path / "bad.toml"
@@ -57,6 +105,38 @@ def test_bad_recipes_say_what_to_change(tmp_path, text, message):
         load_recipe(tmp_path / "missing.toml")
 
 
+def test_a_mistyped_recipe_ends_rollwire_run_at_once_in_one_line(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text(ENV + "algorithm = 'grpoo'\n[trainer]\nloss = 'ppo_clp'\n")
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "rollwire", "run", str(path), "--run-dir", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - started
+    assert done.returncode == 2 and took < 5.0, (took, done.stderr)
+    [line] = done.stderr.strip().splitlines()
+    assert "environments.0.algorithm: unknown advantage algorithm 'grpoo'" in line and "trainer: unknown loss" in line
+    assert "Traceback" not in done.stderr and not (tmp_path / "run").exists()
+
+
+def test_parsing_a_recipe_and_the_light_roles_import_no_torch():
+    """Settings are checked by processes that never load a model: the dispatcher, the scorer and
+    the env workers run on machines without torch."""
+    code = ("import sys\n"
+            "from rollwire.run.recipe import load_recipe\n"
+            "from rollwire.producers.dispatcher import Dispatcher\n"
+            "from rollwire.producers.env_worker import EnvWorker\n"
+            "from rollwire.producers.tasksets import load_taskset\n"
+            "from rollwire.streams.embedded import EmbeddedScorer\n"
+            "from rollwire.streams.scoring import GroupScorer\n"
+            "recipe = load_recipe()\n"
+            "GroupScorer(recipe.scorer)\n"
+            "[load_taskset(e.name, **e.options) for e in recipe.environments]\n"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
 def test_a_tied_embedding_model_is_refused_for_full_weight_training(tmp_path):
     (tmp_path / "tied").mkdir()
     (tmp_path / "tied" / "config.json").write_text('{"tie_word_embeddings": true}')
@@ -65,7 +145,7 @@ def test_a_tied_embedding_model_is_refused_for_full_weight_training(tmp_path):
     with pytest.raises(ConfigError, match="tie_word_embeddings"):
         load_recipe(recipe)
     recipe.write_text(recipe.read_text() + "[trainer.model.lora]\nrank = 4\n")
-    assert load_recipe(recipe).trainer_settings().model.lora.rank == 4
+    assert load_recipe(recipe).trainer.model.lora.rank == 4
     recipe.write_text("[model.tiny]\ntie_embeddings = true\n[[environments]]\nname = 'reverse-digits'\n")
     with pytest.raises(ConfigError, match="tie_embeddings = true"):
         load_recipe(recipe)

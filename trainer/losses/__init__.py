@@ -11,19 +11,23 @@ batch (padding and environment tokens have `mask` 0):
 and returns the scalar loss plus detached metrics. Normalisation is token-level: the sum over
 trained tokens divided by `num_tokens` (the trained tokens of the whole step, so gradient
 accumulation over micro-batches adds up to one mean) — the length-unbiased form Dr. GRPO asks for.
+
+Nothing here imports torch when imported (the loss modules use tensor methods), so a recipe's loss
+and its parameters are checked (`check`) by processes that never load torch.
 """
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
-
-import torch
+from typing import TYPE_CHECKING, ClassVar
 
 from rollwire.errors import ConfigError
+from rollwire.registry import Registry, closest
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -58,21 +62,28 @@ class Loss(ABC):
         """The scalar loss and metrics."""
 
 
-_REGISTRY: dict[str, type[Loss]] = {}
+LOSSES: Registry[type[Loss]] = Registry("loss", package=__name__)
 
 
 def register(cls: type[Loss]) -> type[Loss]:
-    _REGISTRY[cls.name] = cls
-    return cls
+    return LOSSES.add(cls.name, cls)
+
+
+def check(name: str, params: Mapping[str, float]) -> None:
+    """Raises `ConfigError` naming the fix when `name` is not a loss or `params` not its parameters
+    (without torch: loss modules import it only when they run)."""
+    loss = LOSSES.get(name)
+    unknown = sorted(set(params) - set(loss.defaults()))
+    if unknown:
+        hint = "".join(f" (did you mean {m!r}?)" for m in [closest(unknown[0], loss.defaults())] if m)
+        raise ConfigError(f"loss {name!r} has no parameter {unknown[0]!r}{hint}; it takes "
+                          f"{', '.join(loss.defaults()) or 'none'}")
 
 
 def build(name: str, **params: float) -> Loss:
     """The loss registered as `name`, configured with `params`."""
-    for module in pkgutil.iter_modules(__path__):
-        importlib.import_module(f"{__name__}.{module.name}")
-    if name not in _REGISTRY:
-        raise ConfigError(f"unknown loss {name!r}; known: {', '.join(sorted(_REGISTRY))} (set trainer.loss)")
-    return _REGISTRY[name](**params)
+    check(name, params)
+    return LOSSES.get(name)(**params)
 
 
 def token_mean(values: torch.Tensor, x: LossInputs) -> torch.Tensor:

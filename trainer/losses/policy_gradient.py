@@ -16,13 +16,16 @@ old) are corrected rather than trusted.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from rollwire.trainer.losses import Loss, LossInputs, register, token_mean
 
+if TYPE_CHECKING:
+    import torch
+
 
 def _ratio(x: LossInputs) -> torch.Tensor:
-    return torch.exp((x.logprobs - x.sampler_logprobs).clamp(-20.0, 20.0))
+    return (x.logprobs - x.sampler_logprobs).clamp(-20.0, 20.0).exp()
 
 
 @register
@@ -36,7 +39,7 @@ class PpoClip(Loss):
     def __call__(self, x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
         ratio = _ratio(x)
         clipped = ratio.clamp(1 - self.params["eps_low"], 1 + self.params["eps_high"])
-        per_token = -torch.minimum(ratio * x.advantages, clipped * x.advantages)
+        per_token = -(ratio * x.advantages).minimum(clipped * x.advantages)
         was_clipped = ((ratio * x.advantages) > (clipped * x.advantages)).float()
         return token_mean(per_token, x), {"clip_fraction": token_mean(was_clipped, x).item(),
                                           "ratio_mean": token_mean(ratio.detach(), x).item()}

@@ -1,0 +1,110 @@
+"""Every setting of the trainer, in one module that imports no torch: a recipe is parsed and
+checked (loss names and parameters included) by processes that never load a model.
+
+    TrainerSettings   the trainer (`[trainer]` of a recipe, `rollwire train --config`)
+    ├── ModelSettings   which weights, device, dtype, LoRA      (`[trainer.model]`)
+    └── BatchSettings   batching and staleness                   (`[trainer.batch]`, also the
+                        dispatcher's budget: it is derived from these, never typed twice)
+    WarmStartSettings  the supervised warm start before RL      (`[warm_start]`)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from rollwire.consumers.batch_consumer import BatchSettings
+from rollwire.trainer import losses
+
+
+class LoraSettings(BaseModel):
+    """Train a LoRA adapter instead of the full weights (needs the `lora` extra: peft)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    rank: int = Field(default=8, ge=1)
+    """Adapter rank."""
+    alpha: float = Field(default=16.0, gt=0)
+    """Scaling numerator (scale = alpha / rank)."""
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    """Module names the adapter wraps."""
+
+
+class ModelSettings(BaseModel):
+    """Which model the trainer loads, and where it runs."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    path: str = ""
+    """Local directory or hub name of the starting weights (version 0); a run fills it in from its
+    `[model]` table."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """`auto` takes CUDA when present."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """`auto`: bfloat16 on CUDA, float32 on CPU (deterministic)."""
+    lora: LoraSettings | None = None
+    """Train a LoRA adapter; None trains every weight."""
+
+
+class TrainerSettings(BaseModel):
+    """Everything the trainer needs besides the log and the store."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    model: ModelSettings = Field(default_factory=ModelSettings)
+    """The policy model."""
+    batch: BatchSettings = Field(default_factory=BatchSettings)
+    """Batching and staleness."""
+    policy: str = "policy"
+    """Policy name: the weights topic key and the store prefix."""
+    loss: str = "ppo_clip"
+    """Registered loss (`rollwire.trainer.losses`): ppo_clip, dppo_mask, reinforce, nll, reverse_kl."""
+    loss_params: dict[str, float] = Field(default_factory=dict)
+    """Parameters of the loss, e.g. `{eps_low = 0.2}`; checked against the loss when loaded."""
+    lr: float = Field(default=3e-4, gt=0)
+    """AdamW learning rate."""
+    weight_decay: float = Field(default=0.0, ge=0)
+    """AdamW weight decay."""
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    """Gradient-norm clip."""
+    micro_batch_rollouts: int = Field(default=16, ge=1)
+    """Rollouts per forward/backward (gradient accumulation over the batch)."""
+    publish_every: int = Field(default=1, ge=1)
+    """Publish weights every this many versions."""
+    checkpoint_dir: Path = Path("runs/default/trainer")
+    """Where the trainer's checkpoints go (local disk)."""
+    keep_checkpoints: int = Field(default=2, ge=1)
+    """Checkpoints kept."""
+    seed: int = 0
+    """Torch seed: the CPU path is deterministic for a given seed and batch order."""
+
+    @model_validator(mode="after")
+    def _loss_exists(self) -> TrainerSettings:
+        losses.check(self.loss, self.loss_params)
+        return self
+
+    @model_validator(mode="after")
+    def _replicas_can_keep_up(self) -> TrainerSettings:
+        if self.publish_every - 1 > self.batch.max_off_policy:
+            raise ValueError(f"publish_every = {self.publish_every} with batch.max_off_policy = "
+                             f"{self.batch.max_off_policy}: replicas only get every {self.publish_every}th version, "
+                             f"so every rollout would lag up to {self.publish_every - 1} versions and be dropped; "
+                             f"raise max_off_policy to {self.publish_every - 1} or lower publish_every")
+        return self
+
+
+class WarmStartSettings(BaseModel):
+    """The supervised warm start; `steps = 0` skips it."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    steps: int = Field(default=500, ge=0)
+    """Optimizer steps."""
+    batch: int = Field(default=64, ge=1)
+    """Teacher examples per step."""
+    lr: float = Field(default=3e-3, gt=0)
+    """AdamW learning rate."""
+    seed: int = 0
+    """Seed of the teacher's noise and of torch."""
