@@ -38,7 +38,7 @@ def main() -> None:
     from safetensors.numpy import load_file
 
     from rollwire.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
-    from rollwire.checkpoints import publish
+    from rollwire.weight_versions import publish
     from rollwire.consumers.vllm_server import VllmServer, VllmServerSettings
     from rollwire.consumers.weight_subscriber import WeightSubscriber, WeightSubscriberSettings
     from rollwire.objectstore import S3Store

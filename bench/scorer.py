@@ -74,7 +74,7 @@ def embedded_rate(encoded_with_keys) -> float:
     from rollwire.bus import catalog_topics
     from rollwire.bus.embedded import EmbeddedLog
     from rollwire.schemas import Topics
-    from rollwire.streams.embedded import EmbeddedScorer
+    from rollwire.streams.embedded_scorer import EmbeddedScorer
     from rollwire.streams.scoring import GroupScorer, ScorerSettings
     log, topics = EmbeddedLog(tempfile.mkdtemp(prefix="bench-scorer-")), Topics("bench")
     log.create_topics(catalog_topics(topics))

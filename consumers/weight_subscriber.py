@@ -7,7 +7,7 @@ For each `WeightsPublished` of its policy, newest first on start (catch-up) and 
 
     # Step 1  ignore the served version sent again; refuse older ones (an old event arriving late)
     # Step 2  download into a fresh cache folder and verify: manifest digest, every file's size and
-    #         sha256, safetensors headers (`rollwire.checkpoints.fetch`)
+    #         sha256, safetensors headers (`rollwire.weight_versions.fetch`)
     # Step 3  full weights: names, dtypes and shapes must equal the served model's
     # Step 4  swap: full -> pause(keep), reload, label, reset prefix cache, resume;
     #         LoRA -> load under a new adapter name; the previous adapter leaves after a grace period
@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rollwire import telemetry
 from rollwire.bus import AtOffsets, EventLog, EventProducer
-from rollwire.checkpoints import CheckpointError, check_compatible, describe, fetch
+from rollwire.weight_versions import CheckpointError, check_compatible, describe, fetch
 from rollwire.consumers.vllm_control import VllmControl, VllmError
 from rollwire.objectstore import ObjectStore, ObjectStoreError
 from rollwire.schemas.envelope import Codec

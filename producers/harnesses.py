@@ -21,6 +21,7 @@ import re
 import subprocess
 from collections.abc import Callable
 
+from rollwire.errors import RollwireError
 from rollwire.producers.interception import Interceptor
 from rollwire.registry import Registry
 from rollwire.producers.interception_server import InterceptionServer
@@ -31,7 +32,7 @@ Harness = Callable[[dict, Interceptor], str]
 _CALL = re.compile(r"CALL\s+(\w+)\((.*?)\)")
 
 
-class HarnessError(RuntimeError):
+class HarnessError(RollwireError, RuntimeError):
     """The harness could not finish the rollout; the message says why."""
 
 

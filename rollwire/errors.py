@@ -1,17 +1,33 @@
 """The root of every exception rollwire raises on purpose.
 
     RollwireError
+    ├── ConfigError            a setting that cannot work; the message names the setting
+    │   └── UnknownNameError   rollwire.registry — a variant name no registry knows (valid ones listed)
+    │       └── UnknownAlgorithmError   rollwire.streams.advantages
     ├── SchemaError            rollwire.schemas.errors — bytes or fields that are not a valid event
     │   ├── CorruptEventError
     │   ├── UnknownEventTypeError
     │   ├── SchemaVersionTooNewError
     │   ├── InvalidEventError
     │   └── EventTooLargeError
-    ├── ConfigError            a setting that cannot work; the message names the setting
-    └── BusError               rollwire.bus.errors — the event log refused or failed an operation
-        ├── TopicError
-        ├── DeliveryError
-        └── CommitFailedError
+    ├── BusError               rollwire.bus.errors — the event log refused or failed an operation
+    │   ├── TopicError
+    │   ├── DeliveryError
+    │   └── CommitFailedError
+    ├── ObjectStoreError       rollwire.objectstore — an object could not be read or written
+    │   └── ObjectNotFoundError
+    ├── CheckpointError        rollwire.weight_versions — a published weight version cannot be used
+    │   ├── CheckpointMissingError
+    │   ├── CorruptCheckpointError
+    │   └── IncompatibleCheckpointError
+    ├── HttpError              rollwire.http — a JSON service failed or refused a request
+    ├── VllmError              rollwire.consumers.vllm_control — the vLLM server refused a request
+    ├── VllmServerError        rollwire.consumers.vllm_server — the server could not start, or died
+    ├── HarnessError           rollwire.producers.harnesses — a harness could not finish a rollout
+    │   └── HarnessTimeout
+    ├── EndpointError          rollwire.producers.evaluate — an evaluated endpoint failed
+    ├── TeacherError           rollwire.streams.teacher — the distillation teacher failed
+    └── RunFailed              rollwire.run.supervisor — a component of a run kept failing
 
 Each area adds its own subclasses; messages say what to change, not only what went wrong.
 """

@@ -5,7 +5,7 @@
 
 Keys are `/`-separated relative paths. Writes go to a temporary name and are renamed (local) or
 are single PUTs (S3), so a reader never sees half an object; that a *set* of objects is complete
-is what checkpoint manifests are for (`rollwire.checkpoints`).
+is what checkpoint manifests are for (`rollwire.weight_versions`).
 """
 
 from __future__ import annotations

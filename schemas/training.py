@@ -58,6 +58,10 @@ class TrainStepCompleted(Event):
     """Mean of each named reward (the environment's and the group rewards) over the step's rollouts."""
     metrics_mean: dict[str, float] = Field(default_factory=dict)
     """Mean of each environment metric (e.g. `completion_tokens`) over the step's rollouts."""
+    loss_metrics: dict[str, float] = Field(default_factory=dict)
+    """What the loss measured over the step's trained tokens: `clip_fraction` (share of tokens whose
+    ratio was clipped), `ratio_mean` (mean pi_theta / pi_sampler), `masked_fraction` (dppo_mask's
+    tokens left out), ... by loss."""
     skipped_reason: str | None = None
     """Why the optimizer did not step (e.g. a NaN loss); None when it stepped."""
     wait_s: float = Field(default=0.0, ge=0.0)

@@ -31,7 +31,7 @@ import torch
 
 from rollwire import telemetry
 from rollwire.bus import EventLog, EventProducer
-from rollwire.checkpoints import publish
+from rollwire.weight_versions import publish
 from rollwire.errors import ConfigError
 from rollwire.consumers.batch_consumer import Batch, BatchConsumer
 from rollwire.objectstore import ObjectStore
@@ -176,7 +176,8 @@ class Trainer:
             tokens_per_s=result.num_tokens / max(result.seconds, 1e-9), grad_norm=result.grad_norm,
             staleness=batch.staleness, drops={k: len(v) for k, v in batch.drops.items()},
             rewards_mean=_means([{**s.rollout.rewards, **s.group_rewards} for s in batch.rollouts]),
-            metrics_mean=_means([s.rollout.metrics for s in batch.rollouts]), skipped_reason=result.skipped_reason,
+            metrics_mean=_means([s.rollout.metrics for s in batch.rollouts]), loss_metrics=result.metrics,
+            skipped_reason=result.skipped_reason,
             wait_s=waited)
 
     @staticmethod

@@ -28,6 +28,7 @@ class StepResult:
     seconds: float
     skipped_reason: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    """What the loss measured over the step's trained tokens (`clip_fraction`, `ratio_mean`, ...)."""
 
 
 def advantages_of(scored: ScoredRollout) -> list[float]:
@@ -60,8 +61,8 @@ def train_step(model, optimizer, loss_fn: Loss, batch: Sequence[ScoredRollout], 
                               skipped_reason=f"the loss was {loss.item()}: step skipped, weights unchanged")
         loss.backward()
         total += loss.item()
-        for k, v in chunk_metrics.items():
-            metrics[k] = metrics.get(k, 0.0) + v * len(chunk) / len(batch)
+        for k, v in chunk_metrics.items():  # token means over the step's tokens: the chunks' shares add up
+            metrics[k] = metrics.get(k, 0.0) + v
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm).item()
     if not math.isfinite(grad_norm):
         optimizer.zero_grad(set_to_none=True)

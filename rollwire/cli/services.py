@@ -113,7 +113,7 @@ def cmd_score(args: argparse.Namespace) -> int:
         app = build_app(FaustScorerSettings(app_id=args.app_id), settings, bus=bus_settings(args), topics=topics)
         run_worker(app, loglevel="debug" if args.verbose else "warning")
         return 0
-    from rollwire.streams.embedded import EmbeddedScorer
+    from rollwire.streams.embedded_scorer import EmbeddedScorer
     from rollwire.streams.scoring import GroupScorer
     service = EmbeddedScorer(log, topics, GroupScorer(settings), group_id=args.app_id)
     try:

@@ -31,6 +31,7 @@ def metrics_row(event: TrainStepCompleted, produced_at_ms: int) -> dict:
             "staleness_mean": staleness.mean if staleness else None, "drops": event.drops,
             **{f"reward/{k}": v for k, v in event.rewards_mean.items()},
             **{f"metric/{k}": v for k, v in event.metrics_mean.items()},
+            **{f"loss/{k}": v for k, v in event.loss_metrics.items()},
             "wait_s": event.wait_s, "time_ms": produced_at_ms, "skipped_reason": event.skipped_reason}
 
 

@@ -46,7 +46,7 @@ def run_scorer(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
         settings = FaustScorerSettings(app_id=f"{topics.prefix}-scorer", data_dir=recipe.run_dir / "faust")
         run_worker(build_app(settings, recipe.scorer, bus=recipe.bus, topics=topics), loglevel="warning")
         return
-    from rollwire.streams.embedded import EmbeddedScorer
+    from rollwire.streams.embedded_scorer import EmbeddedScorer
     from rollwire.streams.scoring import GroupScorer
     scorer = EmbeddedScorer(log, topics, GroupScorer(recipe.scorer), group_id="scorer")
     try:

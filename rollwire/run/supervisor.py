@@ -103,9 +103,6 @@ class Supervisor:
                           f"({child.restarts} of {self.max_restarts}), see {child.log_path}")
         return events
 
-    def alive(self, role: str) -> bool:
-        return any(c.role == role and c.process is not None and c.process.poll() is None for c in self.children)
-
     def stop(self, grace_s: float = 30.0) -> None:
         """SIGTERM each role in STOP_ORDER and wait for it (up to `grace_s`), then SIGKILL what is left."""
         for role in STOP_ORDER:

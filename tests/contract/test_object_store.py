@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rollwire.checkpoints import (
+from rollwire.weight_versions import (
     CheckpointMissingError,
     CorruptCheckpointError,
     IncompatibleCheckpointError,

@@ -15,7 +15,7 @@ import pytest
 from reference import transformers_logprobs
 
 from rollwire.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
-from rollwire.checkpoints import publish
+from rollwire.weight_versions import publish
 from rollwire.consumers.vllm_control import VllmControl
 from rollwire.objectstore import LocalStore
 from rollwire.schemas import Codec, Topics, WeightsPublished

@@ -126,7 +126,7 @@ def test_parsing_a_recipe_and_the_light_roles_import_no_torch():
             "from rollwire.producers.dispatcher import Dispatcher\n"
             "from rollwire.producers.env_worker import EnvWorker\n"
             "from rollwire.producers.tasksets import load_taskset\n"
-            "from rollwire.streams.embedded import EmbeddedScorer\n"
+            "from rollwire.streams.embedded_scorer import EmbeddedScorer\n"
             "from rollwire.streams.scoring import GroupScorer\n"
             "recipe = load_recipe()\n"
             "GroupScorer(recipe.scorer)\n"

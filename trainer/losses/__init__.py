@@ -8,7 +8,8 @@ batch (padding and environment tokens have `mask` 0):
     advantages        per-token advantage (a sequence advantage repeated over its tokens)
     mask              1.0 for trained tokens
 
-and returns the scalar loss plus detached metrics. Normalisation is token-level: the sum over
+and returns the scalar loss plus detached metrics, each a token mean over the step (`token_mean`), so
+a step's micro-batches add up to it. Normalisation is token-level: the sum over
 trained tokens divided by `num_tokens` (the trained tokens of the whole step, so gradient
 accumulation over micro-batches adds up to one mean) — the length-unbiased form Dr. GRPO asks for.
 

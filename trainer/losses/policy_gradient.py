@@ -57,7 +57,8 @@ class DppoMask(Loss):
         ratio = _ratio(x)
         inside = ((ratio >= 1 - self.params["eps_low"]) & (ratio <= 1 + self.params["eps_high"])).float()
         per_token = -(ratio * x.advantages) * inside
-        return token_mean(per_token, x), {"masked_fraction": 1.0 - token_mean(inside, x).item()}
+        return token_mean(per_token, x), {"masked_fraction": token_mean(1.0 - inside, x).item(),
+                                          "ratio_mean": token_mean(ratio.detach(), x).item()}
 
 
 @register

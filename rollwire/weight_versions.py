@@ -1,4 +1,6 @@
-"""Writing and verifying checkpoints in the object store (layout: `rollwire.schemas.checkpoint`).
+"""Weight versions in the object store: the trainer publishes each version's files with a manifest,
+replicas fetch and verify them (layout: `rollwire.schemas.manifest`). The trainer's own resumable
+state (model, optimizer, read positions) is something else: `rollwire.trainer.checkpoint`.
 
     publish(store, local_dir, prefix, ...)   every file, then manifest.json last
     fetch(store, uri, manifest_sha256, dest) manifest digest; the files in parallel, each hashed
@@ -29,7 +31,7 @@ from pathlib import Path
 
 from rollwire.errors import RollwireError
 from rollwire.objectstore import ObjectNotFoundError, ObjectStore
-from rollwire.schemas.checkpoint import MANIFEST_NAME, FileEntry, Manifest, TensorEntry
+from rollwire.schemas.manifest import MANIFEST_NAME, FileEntry, Manifest, TensorEntry
 
 _CHUNK = 1 << 20
 _PARALLEL_FILES = 4
