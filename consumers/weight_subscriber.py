@@ -28,7 +28,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from rollwire import telemetry
-from rollwire.bus import AtOffsets, EventLog, EventProducer
+from rollwire.bus import AtOffsets, DeadLetters, EventConsumer, EventLog, EventProducer
 from rollwire.weight_versions import CheckpointError, check_compatible, describe, fetch
 from rollwire.consumers.vllm_control import VllmControl, VllmError
 from rollwire.objectstore import ObjectStore, ObjectStoreError
@@ -90,7 +90,8 @@ class WeightSubscriber:
         self.serving_dir: Path | None = None
         self._retiring: list[tuple[float, str]] = []  # (unload at, adapter name)
         self._codec = Codec()
-        self._reader = None
+        self._dead_letters = DeadLetters(self.producer, f"replica/{settings.replica_id}")
+        self._reader: EventConsumer | None = None
 
     @property
     def serving_version(self) -> int | None:
@@ -103,34 +104,36 @@ class WeightSubscriber:
         """Applies the newest published version (if any) and starts following from there."""
         ends = self.log.end_offsets(self.topics.weights)
         latest = self.log.latest_per_key(self.topics.weights).get(self.settings.policy.encode())
-        self._reader = self.log.reader([self.topics.weights],
-                                       AtOffsets({(self.topics.weights, p): o for p, o in ends.items()}))
+        reader = self.log.reader([self.topics.weights], AtOffsets({(self.topics.weights, p): o for p, o in ends.items()}))
+        self._reader = EventConsumer(reader, self._dead_letters)
         if latest is None or latest.value is None:
             return None
         try:
             event = self._codec.decode(latest.value).event
         except SchemaError as exc:
-            return self._report("failed", None, reason=f"the latest weights event does not decode: {exc}")
+            self._dead_letters.send(latest, exc, stage="decode")
+            self._dead_letters.flush()
+            return None
         return self.apply(event)
 
     def poll(self, timeout_s: float = 1.0) -> list[ReplicaStatus]:
-        """Applies versions published since the last call; unloads retired adapters."""
+        """Applies versions published since the last call; unloads retired adapters. A record that is
+        not a weights event goes to the dead-letter topic (`EventConsumer`); the replica goes on."""
         if self._reader is None:
             raise RuntimeError("call catch_up() first")
         statuses = []
-        for record in self._reader.poll_batch(100, timeout_s):
-            if record.key != self.settings.policy.encode() or record.value is None:
+        for delivery in self._reader.poll_batch(100, timeout_s):
+            event = delivery.event
+            if delivery.record.key != self.settings.policy.encode():
                 continue
-            try:
-                event = self._codec.decode(record.value).event
-            except SchemaError as exc:
-                statuses.append(self._report("failed", None, reason=f"weights event at offset {record.offset} "
-                                                                     f"does not decode: {exc}"))
+            if not isinstance(event, WeightsPublished):
+                self._reader.dead_letter(delivery, f"a {event.type} event on the weights topic")
                 continue
-            with telemetry.process_span(record.topic, record.partition, record.offset, record.headers):
+            with self._reader.process_span(delivery):
                 status = self.apply(event)
             if status is not None:
                 statuses.append(status)
+        self._dead_letters.flush()
         self._unload_retired()
         return statuses
 

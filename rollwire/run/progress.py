@@ -9,6 +9,7 @@ first step, and `rollwire run` shows the same figures whether it started the run
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,6 +52,8 @@ class RunProgress:
     unreadable: int = 0
     """Events this display could not decode (the components dead-letter theirs; here they are counted)."""
     last_error: str | None = None
+    stall: str | None = None
+    """Why the run stands still (`StallWatch`), shown while it does."""
 
     def __post_init__(self) -> None:
         self._codec = Codec()
@@ -146,12 +149,50 @@ class RunProgress:
                                            for rid, v in self.serving.items()) or "starting")
         if self.unreadable:
             table.add_row("[red]unreadable", f"{self.unreadable} events, last: {self.last_error}")
+        if self.stall:
+            table.add_row("[red]stalled", self.stall)
         return table
 
     def close(self) -> None:
         self._reader.close()
         if self.metrics_path is not None:
             self._out.close()
+
+
+STAGES = (("tasks", "the dispatcher issued no task", "dispatcher"),
+          ("rollouts", "the env workers published no rollout", "env-worker"),
+          ("scored", "the scorer scored no rollout", "scorer"),
+          ("train", "the trainer finished no step", "trainer"))
+"""The loop's stages in order: the topic each one writes, what its silence means, its log."""
+
+
+class StallWatch:
+    """Notices a run that stopped making progress, and names the stage that stopped first.
+
+    It watches only the end offsets of each stage's topic (nothing is decoded). Once no trainer
+    step has come for `after_s`, the stage whose output stopped earliest is the one to look at:
+    a dead scorer stops `scored` first, and the dispatcher stops issuing only later, when the
+    rollouts it waits for fill its budget."""
+
+    def __init__(self, log: EventLog, topics: Topics, after_s: float, logs_dir: Path | None = None) -> None:
+        self.log, self.topics, self.after_s, self.logs_dir = log, topics, after_s, logs_dir
+        now = time.monotonic()
+        self._ends: dict[str, int] = {}
+        self._moved: dict[str, float] = {stage: now for stage, _, _ in STAGES}
+
+    def check(self, now: float | None = None) -> str | None:
+        """A one-line warning while the run stands still, else None."""
+        now = time.monotonic() if now is None else now
+        for stage, _, _ in STAGES:
+            total = sum(self.log.end_offsets(self.topics.name(stage)).values())
+            if total != self._ends.get(stage):
+                self._ends[stage], self._moved[stage] = total, now
+        if now - self._moved["train"] < self.after_s:
+            return None
+        stage, silence, role = min(STAGES, key=lambda s: self._moved[s[0]])
+        where = f"; see {self.logs_dir / f'{role}-0.log'}" if self.logs_dir else ""
+        return (f"no trainer step for {now - self._moved['train']:.0f} s: {silence} for "
+                f"{now - self._moved[stage]:.0f} s, the first stage to stop{where}")
 
 
 def _smooth(values: list[float], window: int = 10) -> list[float]:

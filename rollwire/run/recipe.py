@@ -116,6 +116,8 @@ class RunRecipe(_Section):
     """Topic prefix; default: the run's name (each run its own topics)."""
     steps: int = Field(default=100, ge=1)
     """Trainer steps; the run ends after the last one."""
+    stall_after_s: float = Field(default=300.0, gt=0)
+    """With no trainer step for this long, the run says which stage stopped first (display and log)."""
     model: ModelRecipe = Field(default_factory=ModelRecipe)
     """The policy's starting weights."""
     warm_start: WarmStartRecipe = Field(default_factory=WarmStartRecipe)

@@ -27,7 +27,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from rollwire.bus import catalog_topics, open_log
 from rollwire.consumers.vllm_control import VllmControl
 from rollwire.consumers.vllm_server import free_port
-from rollwire.run.progress import RunProgress, plot
+from rollwire.run.progress import RunProgress, StallWatch, plot
 from rollwire.run.recipe import RunRecipe
 from rollwire.run.roles import base_url
 from rollwire.run.supervisor import RunFailed, Supervisor
@@ -151,9 +151,20 @@ def run(recipe: RunRecipe, *, metrics_out: Path | None = None, console: Console 
 
 
 def _follow(supervisor: Supervisor, progress: RunProgress, recipe: RunRecipe, console: Console) -> None:
-    """Step 5: until the trainer finishes its last step."""
+    """Step 5: until the trainer finishes its last step; a run that stands still says where."""
+    stall = StallWatch(progress.log, progress.topics, recipe.stall_after_s, recipe.run_dir / "logs")
+    warned_at = 0.0
+
     def trainer_done() -> bool:
         return any(c.role == "trainer" and c.finished for c in supervisor.children)
+
+    def stalled(say) -> str | None:
+        nonlocal warned_at
+        warning = stall.check()
+        if warning and time.monotonic() - warned_at > recipe.stall_after_s:  # once per stall period, in the log
+            say(f"[red]{warning}")
+            warned_at = time.monotonic()
+        return warning
 
     if console.is_terminal:
         with Live(progress.table(recipe.steps, "training"), console=console, refresh_per_second=2) as live:
@@ -161,6 +172,7 @@ def _follow(supervisor: Supervisor, progress: RunProgress, recipe: RunRecipe, co
                 progress.poll(0.5)
                 for line in supervisor.check():
                     live.console.print(f"[yellow]{line}")
+                progress.stall = stalled(live.console.print)
                 live.update(progress.table(recipe.steps, "training"))
         return
     reported = time.monotonic()
@@ -171,6 +183,7 @@ def _follow(supervisor: Supervisor, progress: RunProgress, recipe: RunRecipe, co
             reported = time.monotonic()
         for line in supervisor.check():
             console.print(line)
+        progress.stall = stalled(console.print)
     progress.poll(0.5)
 
 

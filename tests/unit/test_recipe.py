@@ -188,3 +188,21 @@ def test_progress_rebuilds_metrics_from_the_log_and_draws_the_curve(tmp_path):
     assert "3/10" in shown and "0.300 now" in shown and "r0 v3 (serving)" in shown and "unreadable" in shown
     png = plot(progress.rows, tmp_path / "curve.png")
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_run_that_stands_still_names_the_stage_that_stopped_first(tmp_path):
+    from rollwire.run.progress import StallWatch
+    topics = Topics("s")
+    log = open_log(EmbeddedBusSettings(path=tmp_path / "log"))
+    log.create_topics(catalog_topics(topics))
+    start = time.monotonic()
+    watch = StallWatch(log, topics, after_s=10, logs_dir=tmp_path / "logs")
+    assert watch.check(start) is None
+    with log.producer() as producer:  # tasks and rollouts keep coming; nothing is scored or trained
+        producer.send(topics.tasks, b"t", key=b"g")
+        producer.send(topics.rollouts, b"r", key=b"g")
+    assert watch.check(start + 5) is None
+    warning = watch.check(start + 20)
+    assert "no trainer step for 20 s: the scorer scored no rollout for 20 s" in warning
+    assert str(tmp_path / "logs" / "scorer-0.log") in warning
+    log.close()
