@@ -22,6 +22,7 @@ import subprocess
 from collections.abc import Callable
 
 from rollwire.errors import RollwireError
+from rollwire.processes import die_with_parent
 from rollwire.producers.interception import Interceptor
 from rollwire.registry import Registry
 from rollwire.producers.interception_server import InterceptionServer
@@ -90,21 +91,30 @@ HARNESSES.add("completion", completion_harness)
 HARNESSES.add("chat", chat_harness)
 
 
+def run_against_endpoint(command: list[str], server: InterceptionServer, interceptor: Interceptor,
+                         env: Callable[[str], dict[str, str]], *, timeout_s: float,
+                         what: str) -> subprocess.CompletedProcess:
+    """Runs `command` with the rollout's own OpenAI-compatible URL (`env(url)` says under which
+    variables), killing it past `timeout_s` (`HarnessTimeout`); every call it makes is recorded by
+    `interceptor`. Shared by agent scripts and the subprocess runtime."""
+    base_url = server.open(interceptor)
+    try:
+        return subprocess.run(command, env={**os.environ, **env(base_url)}, capture_output=True, text=True,
+                              timeout=timeout_s, preexec_fn=die_with_parent)
+    except subprocess.TimeoutExpired as exc:
+        raise HarnessTimeout(f"{what} ran past {timeout_s:g} s and was killed") from exc
+    finally:
+        server.close(base_url)
+
+
 def script_harness(command: list[str], server: InterceptionServer, *, timeout_s: float = 120.0) -> Harness:
     """A harness that runs `command` as an unmodified agent against the rollout's endpoint."""
     def run(row: dict, interceptor: Interceptor) -> str:
-        base_url = server.open(interceptor)
-        try:
-            env = {**os.environ, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": "rollwire",
-                   "ROLLWIRE_TASK": json.dumps(row)}
-            try:
-                done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s)
-            except subprocess.TimeoutExpired as exc:
-                raise HarnessTimeout(f"the agent ran past {timeout_s:g} s and was killed") from exc
-            if done.returncode != 0:
-                raise HarnessError(f"the agent exited with code {done.returncode}: {done.stderr[-500:]}")
-            lines = done.stdout.strip().splitlines()
-            return lines[-1] if lines else ""
-        finally:
-            server.close(base_url)
+        done = run_against_endpoint(command, server, interceptor, lambda url: {
+            "OPENAI_BASE_URL": url, "OPENAI_API_KEY": "rollwire", "ROLLWIRE_TASK": json.dumps(row)},
+            timeout_s=timeout_s, what="the agent")
+        if done.returncode != 0:
+            raise HarnessError(f"the agent exited with code {done.returncode}: {done.stderr[-500:]}")
+        lines = done.stdout.strip().splitlines()
+        return lines[-1] if lines else ""
     return run

@@ -23,16 +23,14 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import subprocess
 import sys
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
 from rollwire.http import HttpError, JsonClient
-from rollwire.producers.harnesses import HARNESSES, Harness, HarnessError, HarnessTimeout
+from rollwire.producers.harnesses import HARNESSES, Harness, HarnessError, run_against_endpoint
 from rollwire.producers.interception import Interceptor
 from rollwire.producers.interception_server import InterceptionServer
-from rollwire.processes import die_with_parent
 from rollwire.registry import UnknownNameError
 
 
@@ -83,26 +81,19 @@ class Subprocess(Runtime):
         self.python = python
 
     def run(self, harness: str, row: dict, interceptor: Interceptor, *, timeout_s: float) -> str:
-        base_url = self.server.open(interceptor)
+        done = run_against_endpoint([self.python, "-m", "rollwire.producers.runtimes"], self.server, interceptor,
+                                    lambda url: {"ROLLWIRE_MODEL_URL": url, "ROLLWIRE_TASK": json.dumps(row),
+                                                 "ROLLWIRE_HARNESS": harness},
+                                    timeout_s=timeout_s, what="the harness in its subprocess")
+        lines = done.stdout.strip().splitlines()
         try:
-            env = {**os.environ, "ROLLWIRE_MODEL_URL": base_url, "ROLLWIRE_TASK": json.dumps(row),
-                   "ROLLWIRE_HARNESS": harness}
-            try:
-                done = subprocess.run([self.python, "-m", "rollwire.producers.runtimes"], env=env, capture_output=True,
-                                      text=True, timeout=timeout_s, preexec_fn=die_with_parent)
-            except subprocess.TimeoutExpired as exc:
-                raise HarnessTimeout(f"the harness ran past {timeout_s:g} s in its subprocess and was killed") from exc
-            lines = done.stdout.strip().splitlines()
-            try:
-                result = json.loads(lines[-1]) if lines else {}
-            except ValueError:
-                result = {}
-            if done.returncode != 0 or "answer" not in result:
-                reason = result.get("error") or done.stderr.strip()[-500:] or f"exit code {done.returncode}"
-                raise HarnessError(f"the harness failed in its subprocess: {reason}")
-            return result["answer"]
-        finally:
-            self.server.close(base_url)
+            result = json.loads(lines[-1]) if lines else {}
+        except ValueError:
+            result = {}
+        if done.returncode != 0 or "answer" not in result:
+            reason = result.get("error") or done.stderr.strip()[-500:] or f"exit code {done.returncode}"
+            raise HarnessError(f"the harness failed in its subprocess: {reason}")
+        return result["answer"]
 
     def close(self) -> None:
         if self._own_server:
