@@ -24,7 +24,7 @@ ifneq ($(WHEELS),)
 export PIP_FIND_LINKS := $(strip $(PIP_FIND_LINKS) $(abspath $(WHEELS)))
 endif
 
-.PHONY: install run test bench-bus clean
+.PHONY: install run test lint bench-bus clean
 
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -42,9 +42,14 @@ install: $(STAMP)
 run: install
 	$(VENV)/bin/rollwire run $(RUN_ARGS)
 
-test: install
+test: install lint
 	$(VENV)/bin/python deploy/kafka/broker.py fetch >/dev/null
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+# Lint and types (settings in pyproject.toml): part of `make test`, so part of CI.
+lint: install
+	$(VENV)/bin/ruff check rollwire schemas producers streams consumers trainer bench tests deploy
+	$(VENV)/bin/mypy
 
 bench-bus: install
 	$(VENV)/bin/python bench/bus.py

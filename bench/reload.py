@@ -38,12 +38,12 @@ def main() -> None:
     from safetensors.numpy import load_file
 
     from rollwire.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
-    from rollwire.weight_versions import publish
     from rollwire.consumers.vllm_server import VllmServer, VllmServerSettings
     from rollwire.consumers.weight_subscriber import WeightSubscriber, WeightSubscriberSettings
     from rollwire.objectstore import S3Store
     from rollwire.schemas import Topics, WeightsPublished
     from rollwire.trainer.tiny import build_char_tokenizer, build_tiny_model
+    from rollwire.weight_versions import publish
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     work = Path(tempfile.mkdtemp(prefix="bench-reload-"))

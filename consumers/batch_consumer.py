@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rollwire.bus import AtOffsets, DeadLetters, EventConsumer, EventLog, EventProducer
+from rollwire.bus import AtOffsets, DeadLetters, Delivery, EventConsumer, EventLog, EventProducer
 from rollwire.schemas.rollout import ScoredRollout
 from rollwire.schemas.topics import Topics
 from rollwire.schemas.training import RolloutsDropped, Staleness
@@ -93,7 +93,8 @@ class BatchConsumer:
         while not self._ready() and (remaining := deadline - time.monotonic()) > 0:
             for d in self.consumer.poll_batch(1000, remaining):
                 self._accept(d, policy_version)
-        chosen, tokens = [], 0
+        chosen: list[Delivery] = []
+        tokens = 0
         while self._pending:
             delivery = self._pending[0]
             size = len(delivery.event.rollout.prompt_token_ids) + len(delivery.event.rollout.completion_token_ids)
@@ -163,7 +164,7 @@ class BatchConsumer:
         self._pending.append(delivery)
 
     def _drop_stale_pending(self, policy_version: int) -> None:
-        keep = collections.deque()
+        keep: collections.deque[Delivery] = collections.deque()
         for delivery in self._pending:
             if self._lag(delivery.event.rollout, policy_version) > self.settings.max_off_policy:
                 self.drops["stale"].append(delivery.event.rollout.rollout_id)

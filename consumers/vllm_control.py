@@ -99,10 +99,10 @@ class VllmControl:
                  logprobs: bool = True, model: str | None = None, seed: int | None = None,
                  ignore_eos: bool = False, stop_token_ids: Sequence[int] | None = None) -> dict:
         """Token-in, token-out generation (`/inference/v1/generate`, needs `--enable-scale-out`)."""
-        body = {"token_ids": list(token_ids), "sampling_params": _sampling(max_tokens, temperature, logprobs, seed,
-                                                                            ignore_eos)}
+        sampling = _sampling(max_tokens, temperature, logprobs, seed, ignore_eos)
         if stop_token_ids:
-            body["sampling_params"]["stop_token_ids"] = list(stop_token_ids)
+            sampling["stop_token_ids"] = list(stop_token_ids)
+        body: dict[str, Any] = {"token_ids": list(token_ids), "sampling_params": sampling}
         if model:
             body["model"] = model
         return self._request("POST", "/inference/v1/generate", body)

@@ -29,13 +29,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rollwire import telemetry
 from rollwire.bus import AtOffsets, DeadLetters, EventConsumer, EventLog, EventProducer
-from rollwire.weight_versions import CheckpointError, check_compatible, describe, fetch
 from rollwire.consumers.vllm_control import VllmControl, VllmError
 from rollwire.objectstore import ObjectStore, ObjectStoreError
 from rollwire.schemas.envelope import Codec
 from rollwire.schemas.errors import SchemaError
 from rollwire.schemas.topics import Topics
 from rollwire.schemas.weights import ReplicaStatus, WeightsPublished
+from rollwire.weight_versions import CheckpointError, check_compatible, describe, fetch
 
 logger = logging.getLogger(__name__)
 

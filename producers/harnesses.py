@@ -24,8 +24,8 @@ from collections.abc import Callable
 from rollwire.errors import RollwireError
 from rollwire.processes import die_with_parent
 from rollwire.producers.interception import Interceptor
-from rollwire.registry import Registry
 from rollwire.producers.interception_server import InterceptionServer
+from rollwire.registry import Registry
 
 Harness = Callable[[dict, Interceptor], str]
 """`harness(task_row, interceptor) -> final answer text`."""

@@ -20,7 +20,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from rollwire.producers.interception import Interceptor
 
-
 CHAT = ["v1", "chat", "completions"]
 COMPLETIONS = ["v1", "completions"]
 

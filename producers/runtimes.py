@@ -57,8 +57,8 @@ class Runtime(ABC):
     def run(self, harness: str, row: dict, interceptor: Interceptor, *, timeout_s: float) -> str:
         """Raises `HarnessTimeout` past `timeout_s`, `HarnessError` (or the harness's own exception) on failure."""
 
-    def close(self) -> None:
-        pass
+    def close(self) -> None:  # noqa: B027 - optional: most runtimes hold nothing to release
+        """Releases what the runtime holds (servers, pools)."""
 
 
 class InProcess(Runtime):

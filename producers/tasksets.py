@@ -50,7 +50,7 @@ class RolloutView:
 def reward(name: str, weight: float = 1.0) -> Callable:
     """Marks a taskset method as a reward function with `weight` in the rollout's reward."""
     def mark(fn: Callable) -> Callable:
-        fn.__rollwire_reward__ = (name, weight)
+        fn.__rollwire_reward__ = (name, weight)  # type: ignore[attr-defined]
         return fn
     return mark
 
@@ -58,7 +58,7 @@ def reward(name: str, weight: float = 1.0) -> Callable:
 def metric(name: str) -> Callable:
     """Marks a taskset method as a metric: recorded, never rewarded."""
     def mark(fn: Callable) -> Callable:
-        fn.__rollwire_metric__ = name
+        fn.__rollwire_metric__ = name  # type: ignore[attr-defined]
         return fn
     return mark
 
@@ -96,7 +96,7 @@ class Taskset(ABC):
     def metric_functions(self) -> dict[str, Callable[[RolloutView], float]]:
         return {fn.__rollwire_metric__: fn for fn in self._marked("__rollwire_metric__")}
 
-    def _marked(self, attribute: str) -> list[Callable]:
+    def _marked(self, attribute: str) -> list[Any]:
         return [getattr(self, n) for n in dir(type(self)) if hasattr(getattr(type(self), n, None), attribute)]
 
     def judge(self, view: RolloutView) -> Judgement:

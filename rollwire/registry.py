@@ -76,11 +76,11 @@ class Registry(Generic[T]):
     def register(self, name: str | None = None) -> Callable[[T], T]:
         """Decorator: registers under `name`, or the decorated class's `name` attribute."""
         def add(item: T) -> T:
-            return self.add(name or getattr(item, "name"), item)
+            return self.add(name or str(getattr(item, "name")), item)  # noqa: B009 - T has no declared `name`
         return add
 
     def _discover(self) -> None:
-        if not self._discovered:
+        if not self._discovered and self._package is not None:
             package = importlib.import_module(self._package)
             for module in pkgutil.iter_modules(package.__path__):
                 importlib.import_module(f"{self._package}.{module.name}")

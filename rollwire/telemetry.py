@@ -109,6 +109,7 @@ class JsonLinesSpanExporter(SpanExporter):
 def span_to_dict(span: ReadableSpan) -> dict:
     """A span as plain data: ids in hex, attributes, links, kind and times (ns)."""
     ctx = span.get_span_context()
+    assert ctx is not None, "a finished span has a context"
     return {
         "name": span.name,
         "trace_id": f"{ctx.trace_id:032x}",
@@ -116,8 +117,8 @@ def span_to_dict(span: ReadableSpan) -> dict:
         "parent_span_id": f"{span.parent.span_id:016x}" if span.parent else None,
         "kind": span.kind.name,
         "attributes": dict(span.attributes or {}),
-        "links": [{"trace_id": f"{l.context.trace_id:032x}", "span_id": f"{l.context.span_id:016x}"}
-                  for l in span.links],
+        "links": [{"trace_id": f"{link.context.trace_id:032x}", "span_id": f"{link.context.span_id:016x}"}
+                  for link in span.links],
         "start_ns": span.start_time,
         "end_ns": span.end_time,
         "service": (span.resource.attributes or {}).get("service.name"),

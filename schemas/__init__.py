@@ -35,7 +35,8 @@ __all__ = [
     "CorruptEventError", "DeadLetter", "Envelope", "Event", "EventTooLargeError",
     "FeedbackReceived", "InferenceCall", "InvalidEventError", "ReplicaStatus", "RolloutCompleted",
     "RolloutError", "RolloutTimings", "RolloutsDropped", "SamplingParams", "SchemaError",
-    "SchemaVersionTooNewError", "ScoredRollout", "ScorerGroupState", "ScorerTick", "Staleness", "TaskAssigned", "TopicSpec", "Topics",
+    "SchemaVersionTooNewError", "ScoredRollout", "ScorerGroupState", "ScorerTick", "Staleness", "TaskAssigned",
+    "TopicSpec", "Topics",
     "TraceNode", "TraceRecorded", "TrainStepCompleted", "UnknownEventTypeError",
     "WeightVersionSpan", "WeightsPublished", "new_id", "now_ms",
 ]

@@ -54,7 +54,7 @@ class Envelope(Generic[E]):
 
     @property
     def type(self) -> str:
-        return self.event.type  # type: ignore[attr-defined]
+        return self.event.type
 
 
 class Codec:
@@ -70,7 +70,7 @@ class Codec:
         """Returns the msgpack envelope of `event`; raises `EventTooLargeError` over the limit.
         `event_id` and `produced_at_ms` default to a fresh id and the current time."""
         envelope = {
-            "type": event.type,  # type: ignore[attr-defined]
+            "type": event.type,
             "schema_version": type(event).SCHEMA_VERSION,
             "event_id": event_id or new_id(),
             "produced_at_ms": produced_at_ms if produced_at_ms is not None else now_ms(),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Union
+from typing import Annotated
 
 from pydantic import Field
 
@@ -15,9 +15,8 @@ from rollwire.schemas.training import RolloutsDropped, TrainStepCompleted
 from rollwire.schemas.weights import ReplicaStatus, WeightsPublished
 
 AnyEvent = Annotated[
-    Union[TaskAssigned, RolloutCompleted, TraceRecorded, ScoredRollout, WeightsPublished,
-          ReplicaStatus, TrainStepCompleted, RolloutsDropped, FeedbackReceived, DeadLetter,
-          ScorerGroupState, ScorerTick],
+    TaskAssigned | RolloutCompleted | TraceRecorded | ScoredRollout | WeightsPublished | ReplicaStatus
+    | TrainStepCompleted | RolloutsDropped | FeedbackReceived | DeadLetter | ScorerGroupState | ScorerTick,
     Field(discriminator="type"),
 ]
 """Any rollwire event, discriminated on its `type` tag."""

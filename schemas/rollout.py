@@ -252,6 +252,6 @@ class ScoredRollout(Event):
         if self.token_advantages is not None and len(values) != len(self.rollout.completion_token_ids):
             raise ValueError(f"token_advantages has {len(values)} entries for "
                              f"{len(self.rollout.completion_token_ids)} completion tokens")
-        if not all(math.isfinite(v) for v in values) or not math.isfinite(self.reward):
+        if not all(v is not None and math.isfinite(v) for v in values) or not math.isfinite(self.reward):
             raise ValueError("advantages and reward must be finite numbers")
         return self

@@ -27,9 +27,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rollwire import telemetry
 from rollwire.bus.base import Record
-from rollwire.bus.settings import KafkaBusSettings
 from rollwire.bus.events import dead_letter_for, outgoing
 from rollwire.bus.partitioner import partition_for
+from rollwire.bus.settings import KafkaBusSettings
 from rollwire.schemas.envelope import Codec
 from rollwire.schemas.errors import SchemaError
 from rollwire.schemas.rollout import RolloutCompleted

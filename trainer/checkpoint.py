@@ -53,9 +53,11 @@ class TrainerState:
 def save(folder: Path, model, optimizer, state: TrainerState, keep: int = 2) -> Path:
     """Writes the checkpoint of step `state.step` atomically; keeps the newest `keep`."""
     state.commits += 1
-    return _commit(folder, f"step-{state.step:08d}", state, keep, lambda partial: (
-        model.save_pretrained(partial / "model", safe_serialization=True),
-        torch.save(optimizer.state_dict(), partial / "optimizer.pt")))
+    def weights(partial: Path) -> None:
+        model.save_pretrained(partial / "model", safe_serialization=True)
+        torch.save(optimizer.state_dict(), partial / "optimizer.pt")
+
+    return _commit(folder, f"step-{state.step:08d}", state, keep, weights)
 
 
 def save_drops(folder: Path, previous: Path | None, model, optimizer, state: TrainerState, keep: int = 2) -> Path:

@@ -31,9 +31,8 @@ import torch
 
 from rollwire import telemetry
 from rollwire.bus import EventLog, EventProducer
-from rollwire.weight_versions import publish
-from rollwire.errors import ConfigError
 from rollwire.consumers.batch_consumer import Batch, BatchConsumer
+from rollwire.errors import ConfigError
 from rollwire.objectstore import ObjectStore
 from rollwire.schemas.registry import EVENT_TYPES
 from rollwire.schemas.topics import Topics
@@ -43,6 +42,7 @@ from rollwire.trainer import checkpoint, losses
 from rollwire.trainer.model import load_policy, resolve_device
 from rollwire.trainer.settings import TrainerSettings
 from rollwire.trainer.step import StepResult, train_step
+from rollwire.weight_versions import publish
 
 logger = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ def load_policy(settings: ModelSettings, weights: str | None = None):
     """The causal LM at `weights` (default: `settings.path`), on the chosen device, in train mode."""
     from transformers import AutoModelForCausalLM
     device, dtype = resolve_device(settings)
-    model = AutoModelForCausalLM.from_pretrained(weights or settings.path, dtype=dtype).to(device)
+    model = AutoModelForCausalLM.from_pretrained(weights or settings.path, dtype=dtype).to(device)  # type: ignore[arg-type]
     if settings.lora is not None:
         try:
             from peft import LoraConfig, get_peft_model

@@ -43,7 +43,7 @@ def train_step(model, optimizer, loss_fn: Loss, batch: Sequence[ScoredRollout], 
     started = time.perf_counter()
     num_tokens = int(sum(sum(s.rollout.loss_mask) for s in batch))
     optimizer.zero_grad(set_to_none=True)
-    total, metrics = 0.0, {}
+    total, metrics = 0.0, dict[str, float]()
     for start in range(0, len(batch), micro_batch):
         chunk = batch[start: start + micro_batch]
         tokens = layout([s.rollout for s in chunk], device)

@@ -24,7 +24,7 @@ CHAT_TEMPLATE = (
 
 def build_char_tokenizer(alphabet: str = ALPHABET):
     """A character-level tokenizer (specials first, then `alphabet`), wrapped for transformers."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = {tok: i for i, tok in enumerate(SPECIALS + sorted(set(alphabet)))}
@@ -50,7 +50,7 @@ def build_tiny_model(path: str | Path, tokenizer, *, seed: int = 0, hidden: int 
                          max_position_embeddings=max_positions, initializer_range=initializer_range,
                          tie_word_embeddings=tie_embeddings, bos_token_id=tokenizer.bos_token_id,
                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                         torch_dtype="float32")
+                         dtype="float32")
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
     path = Path(path)

@@ -15,8 +15,8 @@ from rollwire.bus.base import (
 from rollwire.bus.errors import BusError, CommitFailedError, DeliveryError, TopicError
 from rollwire.bus.events import DeadLetters, Delivery, EventConsumer, EventProducer, read_to_end
 from rollwire.bus.settings import (
-    EmbeddedBusSettings,
     BusSettings,
+    EmbeddedBusSettings,
     KafkaBusSettings,
     catalog_topics,
     open_log,

@@ -105,6 +105,7 @@ class TopicWatch:
 
     def _drain(self) -> bool:
         """Reads every pending event; whether one concerns a watched topic."""
+        assert self._fd is not None
         relevant = False
         while True:
             try:

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from rollwire import telemetry
-from rollwire.errors import ConfigError
 from rollwire.bus.base import AtOffsets, Consumer, EventLog, Producer, Record
+from rollwire.errors import ConfigError
 from rollwire.schemas.base import Event, new_id
 from rollwire.schemas.deadletter import RAW_BYTES_KEPT, DeadLetter
 from rollwire.schemas.envelope import Codec, Envelope
@@ -64,7 +64,7 @@ def outgoing(topics: Topics, codec: Codec, producer_name: str, topic: str, event
     result to a producer within the `with` block so the span covers the send."""
     topics.check(topic, event)
     key_bytes = key.encode() if isinstance(key, str) else key
-    with telemetry.send_span(topic, key_bytes, event.type):  # type: ignore[attr-defined]
+    with telemetry.send_span(topic, key_bytes, event.type):
         traceparent = telemetry.current_traceparent()
         event_id = new_id()
         value = codec.encode(event, producer=producer_name, event_id=event_id, traceparent=traceparent)

@@ -223,9 +223,9 @@ class KafkaLog(EventLog):
 
     def __init__(self, bootstrap_servers: str, *, client_config: dict[str, Any] | None = None,
                  replication_factor: int = -1) -> None:
-        self._config = {"bootstrap.servers": bootstrap_servers, **(client_config or {})}
+        self._config: dict[str, Any] = {"bootstrap.servers": bootstrap_servers, **(client_config or {})}
         self._replication_factor = replication_factor
-        self._admin = AdminClient({**self._config, "logger": logger})
+        self._admin = AdminClient({**self._config, "logger": logger})  # type: ignore[dict-item]  # librdkafka takes a Logger
         self._meta: confluent_kafka.Consumer | None = None
 
     def _metadata_consumer(self) -> confluent_kafka.Consumer:
@@ -251,8 +251,8 @@ class KafkaLog(EventLog):
             except KafkaException as exc:
                 if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise TopicError(f"could not create topic {name!r}: {exc.args[0].str()}") from exc
-        for t in new:  # creation is asynchronous on the brokers: wait until metadata shows it
-            self._wait_for_topic(t.topic)
+        for created in new:  # creation is asynchronous on the brokers: wait until metadata shows it
+            self._wait_for_topic(created.topic)
 
     def _wait_for_topic(self, topic: str, timeout_s: float = 30.0) -> None:
         deadline = time.monotonic() + timeout_s

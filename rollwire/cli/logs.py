@@ -80,7 +80,7 @@ def cmd_tail(args: argparse.Namespace) -> int:
                 if not batch and not args.follow:
                     break
                 for record in batch[: None if args.limit is None else args.limit - printed]:
-                    line = {"partition": record.partition, "offset": record.offset}
+                    line: dict[str, object] = {"partition": record.partition, "offset": record.offset}
                     if record.value is None:
                         print(json.dumps(line | {"tombstone": (record.key or b"").decode("utf-8", "replace")}))
                         printed += 1

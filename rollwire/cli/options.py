@@ -58,7 +58,7 @@ def config_table(path: Path | None, table: str, command: str) -> dict:
     try:
         return tomllib.loads(path.read_text()).get(table, {})
     except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise SystemExit(f"rollwire {command}: cannot read --config {path}: {exc}")
+        raise SystemExit(f"rollwire {command}: cannot read --config {path}: {exc}") from None
 
 
 def validated(model, data: dict, table: str, command: str):
@@ -68,7 +68,7 @@ def validated(model, data: dict, table: str, command: str):
         return model.model_validate(data)
     except ValidationError as exc:
         fields = "; ".join(f"{table}.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise SystemExit(f"rollwire {command}: invalid settings: {fields}")
+        raise SystemExit(f"rollwire {command}: invalid settings: {fields}") from None
 
 
 def _flag_type(annotation):

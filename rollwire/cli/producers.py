@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import time
 
 from rollwire.cli.options import add_bus_options, add_settings_flags, bus_settings, settings_flags
 from rollwire.consumers.batch_consumer import BatchSettings

@@ -129,9 +129,9 @@ def cmd_score(args: argparse.Namespace) -> int:
 
 def cmd_inference(args: argparse.Namespace) -> int:
     from rollwire.bus import catalog_topics, open_log
+    from rollwire.consumers.vllm_server import free_port
     from rollwire.objectstore import open_store
     from rollwire.schemas.topics import Topics
-    from rollwire.consumers.vllm_server import free_port
     flags = settings_flags(args, SERVER_FLAGS)
     flags["port"] = flags.get("port") or free_port(flags.get("host", "127.0.0.1"))
     server = validated(VllmServerSettings, {"model": args.model, "log_path": args.vllm_log, **flags}, "inference",

@@ -206,7 +206,7 @@ def plot(rows: list[dict], path: Path, title: str = "rollwire run") -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     steps = [r["step"] for r in rows]
-    lengths = [r.get("metric/completion_tokens") for r in rows]
+    lengths: list = [r.get("metric/completion_tokens") for r in rows]
     panels = 2 if rows and all(v is not None for v in lengths) else 1
     figure, axes = plt.subplots(panels, 1, figsize=(8, 3.2 * panels + 0.6), dpi=110, sharex=True, squeeze=False)
     reward_axis = axes[0][0]

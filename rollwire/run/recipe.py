@@ -110,7 +110,7 @@ class RunRecipe(_Section):
 
     name: str = Field(default="demo", pattern=r"^[A-Za-z0-9_-]+$")
     """Name of the run: the default run directory and topic prefix."""
-    run_dir: Path | None = None
+    run_dir: Path = Path("runs/<name>")
     """Where the run keeps its log, weights, checkpoints, metrics and plots; default `runs/<name>`."""
     prefix: str | None = None
     """Topic prefix; default: the run's name (each run its own topics)."""
@@ -146,7 +146,7 @@ class RunRecipe(_Section):
     @model_validator(mode="after")
     def _resolve(self) -> RunRecipe:
         """Fills in what derives from the run (paths, the model), and refuses what cannot run."""
-        if self.run_dir is None:
+        if "run_dir" not in self.model_fields_set:
             self.run_dir = Path("runs") / self.name
         if "path" not in self.bus.model_fields_set and isinstance(self.bus, EmbeddedBusSettings):
             self.bus = self.bus.model_copy(update={"path": self.run_dir / "log"})

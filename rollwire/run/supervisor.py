@@ -106,13 +106,14 @@ class Supervisor:
     def stop(self, grace_s: float = 30.0) -> None:
         """SIGTERM each role in STOP_ORDER and wait for it (up to `grace_s`), then SIGKILL what is left."""
         for role in STOP_ORDER:
-            group = [c for c in self.children if c.role == role and c.process and c.process.poll() is None]
-            for child in group:
-                child.process.send_signal(signal.SIGTERM)
+            group = [c.process for c in self.children
+                     if c.role == role and c.process is not None and c.process.poll() is None]
+            for process in group:
+                process.send_signal(signal.SIGTERM)
             deadline = time.monotonic() + grace_s
-            for child in group:
+            for process in group:
                 try:
-                    child.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+                    process.wait(timeout=max(0.1, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
-                    os.killpg(child.process.pid, signal.SIGKILL)
-                    child.process.wait()
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait()

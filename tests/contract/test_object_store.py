@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from rollwire.objectstore import ObjectNotFoundError, ObjectStoreError
 from rollwire.weight_versions import (
     CheckpointMissingError,
     CorruptCheckpointError,
@@ -19,7 +20,6 @@ from rollwire.weight_versions import (
     fetch,
     publish,
 )
-from rollwire.objectstore import ObjectNotFoundError, ObjectStoreError
 
 
 def write_safetensors(path: Path, tensors: dict[str, tuple[str, list[int]]]) -> None:

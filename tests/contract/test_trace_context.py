@@ -60,4 +60,4 @@ def test_traceparent_travels_in_headers_and_links_consumer_to_producer(log, topi
     assert process.attributes["messaging.message.id"] == delivery.envelope.event_id
 
     links = telemetry.links_for([delivery.record.headers])
-    assert [l.context.span_id for l in links] == [send.context.span_id]
+    assert [link.context.span_id for link in links] == [send.context.span_id]

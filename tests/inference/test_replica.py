@@ -15,10 +15,10 @@ import pytest
 from reference import transformers_logprobs
 
 from rollwire.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
-from rollwire.weight_versions import publish
 from rollwire.consumers.vllm_control import VllmControl
 from rollwire.objectstore import LocalStore
 from rollwire.schemas import Codec, Topics, WeightsPublished
+from rollwire.weight_versions import publish
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

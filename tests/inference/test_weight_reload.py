@@ -10,9 +10,9 @@ from reference import transformers_logprobs
 
 from rollwire.bus import EmbeddedBusSettings, catalog_topics, open_log
 from rollwire.bus.events import EventProducer
-from rollwire.weight_versions import publish
 from rollwire.consumers.weight_subscriber import WeightSubscriber, WeightSubscriberSettings
 from rollwire.schemas import Codec, ReplicaStatus, Topics, WeightsPublished
+from rollwire.weight_versions import publish
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

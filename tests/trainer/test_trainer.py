@@ -105,7 +105,7 @@ def test_stale_bad_and_duplicate_rollouts_are_accounted_and_training_goes_on(wor
     drops = [e for e in events(log, topics.drops) if isinstance(e, RolloutsDropped)]
     assert [(d.reason, d.rollout_ids, d.stage) for d in drops] == [("stale", ["r200", "r201"], "trainer")]
     letters = [e for e in events(log, topics.deadletter) if isinstance(e, DeadLetter)]
-    assert sorted(l.error.split(" ")[1] for l in letters) == ["ids", "rollout", "sampler"]
+    assert sorted(letter.error.split(" ")[1] for letter in letters) == ["ids", "rollout", "sampler"]
     steps = [e for e in events(log, topics.train) if isinstance(e, TrainStepCompleted)]
     assert [s.step for s in steps] == [1, 2, 3] and all(s.loss is not None for s in steps)
     weights = [e for e in events(log, topics.weights) if isinstance(e, WeightsPublished)]

@@ -9,10 +9,9 @@ import asyncio
 
 from builders import group_of, tick
 
-from rollwire.bus.partitioner import partition_for
-from rollwire.schemas import Codec, DeadLetter, RolloutsDropped, ScoredRollout
 from rollwire.bus import KafkaBusSettings
-from rollwire.schemas import Topics
+from rollwire.bus.partitioner import partition_for
+from rollwire.schemas import Codec, DeadLetter, RolloutsDropped, ScoredRollout, Topics
 from rollwire.streams.faust_app import FaustScorerSettings, build_app
 from rollwire.streams.scoring import ScorerSettings
 
@@ -54,7 +53,8 @@ def test_the_agent_scores_complete_groups_and_dead_letters_bad_records():
     assert [round(e.advantage, 4) for e in scored] == [1.0, -1.0, 1.0, -1.0]
     assert all(t == "unit.scored" for t, e in sent if isinstance(e, ScoredRollout))
     letters = [e for t, e in sent if isinstance(e, DeadLetter)]
-    assert [(l.error_type, l.stage, l.raw) for l in letters] == [("CorruptEventError", "decode", b"\x00 not an event")]
+    assert [(letter.error_type, letter.stage, letter.raw) for letter in letters] == [
+        ("CorruptEventError", "decode", b"\x00 not an event")]
 
 
 def test_a_tick_times_out_open_groups_of_its_partition():

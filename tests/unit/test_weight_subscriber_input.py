@@ -4,7 +4,7 @@ touched. (No inference server: none is reached.)"""
 
 from __future__ import annotations
 
-from rollwire.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log, read_to_end, DeadLetters
+from rollwire.bus import DeadLetters, EmbeddedBusSettings, EventProducer, catalog_topics, open_log, read_to_end
 from rollwire.consumers.weight_subscriber import WeightSubscriber, WeightSubscriberSettings
 from rollwire.objectstore import LocalStore
 from rollwire.schemas import DeadLetter, Topics
@@ -37,6 +37,7 @@ def test_garbage_on_the_weights_topic_is_dead_lettered_and_the_subscriber_goes_o
     assert subscriber.poll(timeout_s=2.0) == [] and subscriber.serving is None
     subscriber.close()
     letters = [d.event for d in read_to_end(log, [topics.deadletter], DeadLetters(others, "test"))]
-    assert [(l.component, l.stage) for l in letters] == [("replica/r0", "decode")] * 2 + [("replica/r0", "process")]
-    assert all(isinstance(l, DeadLetter) and l.source_topic == topics.weights for l in letters)
+    assert [(letter.component, letter.stage) for letter in letters] == [
+        ("replica/r0", "decode"), ("replica/r0", "decode"), ("replica/r0", "process")]
+    assert all(isinstance(letter, DeadLetter) and letter.source_topic == topics.weights for letter in letters)
     assert "replica.status event on the weights topic" in letters[2].error
