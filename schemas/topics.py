@@ -66,7 +66,7 @@ CATALOG: tuple[TopicSpec, ...] = (
     TopicSpec("feedback", (FeedbackReceived,), "conversation id", 4, "delete", 30 * DAY_MS,
               "production apps", "feedback joiner"),
     TopicSpec("deadletter", (DeadLetter,), "source topic", 1, "delete", 30 * DAY_MS,
-              "every consumer", "operators, replay tools"),
+              "every consumer", "dispatcher (counts refused rollouts back), operators, replay tools"),
     TopicSpec("scorer-state", (ScorerGroupState,), "group id", 4, "compact", None,
               "group scorer", "group scorer (restoring its table)"),
     TopicSpec("scorer-ticks", (ScorerTick,), "partition", 4, "delete", DAY_MS,
