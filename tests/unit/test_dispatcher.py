@@ -50,14 +50,20 @@ def _math(tmp_path):
     return load_taskset("math-word", path=path)
 
 
-def test_no_group_is_issued_while_the_fleet_serves_weights_older_than_the_budget_allows(tmp_path):
-    from rollwire.schemas.weights import ReplicaStatus, WeightsPublished
-    topics = Topics("f")
+def one_environment(tmp_path, prefix: str, *, max_off_policy: int, batch_rollouts: int):
+    """A dispatcher of reverse-digits groups of 4 on a fresh log, and a producer standing in for the
+    rest of the loop."""
+    topics = Topics(prefix)
     log = open_log(EmbeddedBusSettings(path=tmp_path / "log"))
     log.create_topics(catalog_topics(topics))
     mix = [(EnvironmentMix(name="reverse-digits", group_size=4), load_taskset("reverse-digits", count=50))]
-    dispatcher = Dispatcher(log, topics, mix, BatchSettings(max_off_policy=0, batch_rollouts=4))
-    others = EventProducer(log.producer(), topics, name="others")
+    dispatcher = Dispatcher(log, topics, mix, BatchSettings(max_off_policy=max_off_policy, batch_rollouts=batch_rollouts))
+    return log, topics, dispatcher, EventProducer(log.producer(), topics, name="others")
+
+
+def test_no_group_is_issued_while_the_fleet_serves_weights_older_than_the_budget_allows(tmp_path):
+    from rollwire.schemas.weights import ReplicaStatus, WeightsPublished
+    log, topics, dispatcher, others = one_environment(tmp_path, "f", max_off_policy=0, batch_rollouts=4)
     others.send(topics.fleet, ReplicaStatus(replica_id="r0", state="serving"), key="r0")
     others.flush()
     assert dispatcher.step() == 1  # version 0 published (the base) and served
@@ -81,12 +87,7 @@ def test_a_step_seen_before_its_weights_event_already_holds_the_next_batch_back(
     """The trainer sends its step event, then its weights event: in between, the step has freed the
     budget but the new version is not served. A batch issued then would sample the old weights."""
     from rollwire.schemas.weights import ReplicaStatus
-    topics = Topics("race")
-    log = open_log(EmbeddedBusSettings(path=tmp_path / "log"))
-    log.create_topics(catalog_topics(topics))
-    mix = [(EnvironmentMix(name="reverse-digits", group_size=4), load_taskset("reverse-digits", count=50))]
-    dispatcher = Dispatcher(log, topics, mix, BatchSettings(max_off_policy=0, batch_rollouts=4))
-    others = EventProducer(log.producer(), topics, name="others")
+    log, topics, dispatcher, others = one_environment(tmp_path, "race", max_off_policy=0, batch_rollouts=4)
     others.send(topics.fleet, ReplicaStatus(replica_id="r0", state="serving", serving_version=0), key="r0")
     others.flush()
     assert dispatcher.step() == 1
@@ -104,13 +105,8 @@ def test_dead_lettered_rollouts_and_tasks_are_counted_back_once(tmp_path):
     """A refused rollout is never trained or dropped: without counting it back the budget shrinks
     for good, and a run whose rollouts are all refused stands still."""
     from rollwire.bus import DeadLetters, Record
-    topics = Topics("dl")
-    log = open_log(EmbeddedBusSettings(path=tmp_path / "log"))
-    log.create_topics(catalog_topics(topics))
-    mix = [(EnvironmentMix(name="reverse-digits", group_size=4), load_taskset("reverse-digits", count=50))]
-    dispatcher = Dispatcher(log, topics, mix, BatchSettings(max_off_policy=0, batch_rollouts=8))
+    log, topics, dispatcher, others = one_environment(tmp_path, "dl", max_off_policy=0, batch_rollouts=8)
     assert dispatcher.step() == 2 and dispatcher.in_flight == 8
-    others = EventProducer(log.producer(), topics, name="others")
     letters = DeadLetters(others, "scorer")
     rollout = Record(topics.rollouts, 0, 5, b"g", b"not an event", 0)
     letters.send(rollout, "unknown advantage algorithm")
