@@ -7,8 +7,10 @@
 Scaling is by partitions: start more workers with the same app id and Kafka splits the rollout
 partitions among them; each worker's table holds the groups of its partitions. Agent
 concurrency stays 1 because faust can commit past an event still in flight with more
-(docs/notes/kafka.md). Faust flushes the producer (outputs and changelog) before it commits offsets,
-so delivery is at-least-once; consumers dedupe on rollout id.
+(docs/notes/kafka.md), and recovery resumes the stream partitions only after seeking them
+(`faust_recovery.py`: faust's own order lost records on restart). Faust flushes the producer
+(outputs and changelog) before it commits offsets, so delivery is at-least-once; consumers
+dedupe on rollout id.
 
 Faust tables change only while processing a record of the same partition, so timeouts come as
 tick records: the leader's timer sends one to every partition of `scorer-ticks`, and the agent
@@ -35,6 +37,7 @@ from rollwire.schemas.errors import SchemaError
 from rollwire.schemas.rollout import RolloutCompleted
 from rollwire.schemas.scorer import ScorerTick
 from rollwire.schemas.topics import Topics
+from rollwire.streams.faust_recovery import SeekBeforeFetchTableManager
 from rollwire.streams.scoring import GroupScorer, ScorerSettings, Step, route, scoring_span
 
 logger = logging.getLogger(__name__)
@@ -93,6 +96,7 @@ def build_app(settings: FaustScorerSettings, scorer_settings: ScorerSettings, *,
         broker_heartbeat_interval=max(0.5, settings.session_timeout_s / 5),
         producer_acks=-1,
         processing_guarantee="at_least_once",
+        TableManager=SeekBeforeFetchTableManager,
     )
     raw = {"schema": faust.Schema(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")}
     partitions = topics.spec(topics.rollouts).partitions
@@ -133,6 +137,7 @@ def build_app(settings: FaustScorerSettings, scorer_settings: ScorerSettings, *,
                 await handle(record)
 
     async def handle(record: Record) -> None:
+        logger.debug("scorer record %s[%d]@%d key=%r", record.topic, record.partition, record.offset, record.key)
         if record.value is None:
             return
         try:

@@ -29,7 +29,7 @@ def start_scorer(bus_settings, prefix: str, app_id: str, log_path) -> subprocess
     else:
         bus = ["--bus", "embedded", "--log-dir", str(bus_settings.path)]
     out = open(log_path, "ab")
-    return subprocess.Popen([sys.executable, "-m", "rollwire.cli", "score", *bus, "--prefix", prefix,
+    return subprocess.Popen([sys.executable, "-m", "rollwire.cli", "-v", "score", *bus, "--prefix", prefix,
                              "--app-id", app_id], stdout=out, stderr=subprocess.STDOUT)
 
 
@@ -41,13 +41,16 @@ def scored_ids(log, topics: Topics) -> list[str]:
     return ids
 
 
-def wait_for(predicate, timeout_s: float, what: str, scorer_log) -> None:
+def wait_for(predicate, timeout_s: float, what: str, scorer_log, detail=lambda: "") -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if predicate():
             return
         time.sleep(0.5)
-    pytest.fail(f"timed out waiting for {what}; scorer output:\n{scorer_log.read_text()[-3000:]}")
+    lines = scorer_log.read_text().splitlines()
+    notable = [ln for ln in lines if any(w in ln for w in ("WARN", "ERROR", "DROPPED", "Traceback"))]
+    pytest.fail(f"timed out waiting for {what}; {detail()}\nscorer warnings:\n" + "\n".join(notable[-40:])
+                + "\nscorer output ends:\n" + "\n".join(lines[-20:]))
 
 
 @pytest.mark.slow
@@ -84,7 +87,9 @@ def test_a_killed_scorer_restarts_and_scores_every_group_once(backend, request, 
 
     scorer = start_scorer(bus_settings, prefix, app_id, scorer_log)
     try:
-        wait_for(lambda: len(set(scored_ids(log, topics))) == 4 * GROUPS, 90, "every group", scorer_log)
+        expected = {r.rollout_id for g in groups.values() for r in g}
+        wait_for(lambda: set(scored_ids(log, topics)) == expected, 90, "every group", scorer_log,
+                 detail=lambda: f"never scored: {sorted(expected - set(scored_ids(log, topics)))}")
         time.sleep(2)  # anything scored twice would show up by now
     finally:
         scorer.send_signal(signal.SIGTERM)
@@ -94,7 +99,7 @@ def test_a_killed_scorer_restarts_and_scores_every_group_once(backend, request, 
             scorer.kill()
 
     ids = scored_ids(log, topics)
-    assert set(ids) == {r.rollout_id for g in groups.values() for r in g}
+    assert set(ids) == expected
     # The restarted scorer read none of phase 1 again (offsets were committed), so the open
     # groups' first halves can only have come back from the changelog.
     per_group = defaultdict(set)
