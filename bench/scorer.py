@@ -3,7 +3,7 @@
     python bench/scorer.py [--groups N] [--group-size K]
 
 The baseline is the scorer's logic alone in this process (decode each rollout, `on_rollout`,
-encode each output), measured in the same run; each driver's rate is printed next to it. The
+encode each output; nothing persisted), measured in the same run; each driver's rate is printed next to it. The
 drivers run pinned to one CPU core. The embedded driver runs in-process over a fresh embedded
 log; the faust worker runs as `rollwire score --bus kafka` against the broker at
 $KAFKA_BOOTSTRAP_SERVERS or a local one (deploy/kafka/broker.py), and its rate is taken between
@@ -46,7 +46,6 @@ def pure_rate(encoded: list[bytes]) -> float:
         states[rollout.group_id] = step.state
         for event in step.events:
             codec.encode(event, producer="bench")
-        codec.encode(step.state, producer="bench")
     return len(encoded) / (time.perf_counter() - t0)
 
 

@@ -49,15 +49,17 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Status, StatusCode
 from pydantic import BaseModel, ConfigDict, Field
 
-from rollwire import telemetry
+from rollwire import telemetry, trace_blobs
 from rollwire.bus import CommitFailedError, DeadLetters, Delivery, EventConsumer, EventLog, EventProducer
 from rollwire.consumers.vllm_control import VllmControl, VllmError
+from rollwire.objectstore import ObjectStore
 from rollwire.producers.assembly import assemble
 from rollwire.producers.harnesses import Harness, HarnessTimeout
 from rollwire.producers.interception import InferenceGate, Interceptor
 from rollwire.producers.runtimes import RUNTIMES, Runtime
 from rollwire.producers.tasksets import RolloutView, Taskset
 from rollwire.schemas.base import now_ms
+from rollwire.schemas.errors import EventTooLargeError
 from rollwire.schemas.rollout import (
     RolloutCompleted,
     RolloutError,
@@ -179,8 +181,10 @@ def trace_nodes(interceptor: Interceptor, branches: list[int]) -> list[TraceNode
 class EnvWorker:
     def __init__(self, log: EventLog, topics: Topics, control: VllmControl, tasksets: dict[str, Taskset],
                  settings: EnvWorkerSettings | None = None, *, harness: Harness | None = None,
-                 model: str | None = None) -> None:
+                 model: str | None = None, store: ObjectStore | None = None) -> None:
         self.settings = settings or EnvWorkerSettings()
+        self.store = store
+        """Where traces too large for one event go (`rollwire.trace_blobs`); None sends them without their graph."""
         self.topics, self.control, self.tasksets, self.harness, self.model = topics, control, tasksets, harness, model
         self.producer = EventProducer(log.producer(), topics, name=self.settings.name)
         self.consumer = EventConsumer(log.consumer([topics.tasks], self.settings.group_id),
@@ -287,13 +291,28 @@ class EnvWorker:
             key = rollout.group_id
             with telemetry.continued(rollout.traceparent):  # sends are children of the rollout span
                 self.producer.send(self.topics.rollouts, rollout, key=key)
-                self.producer.send(self.topics.traces, trace, key=key)
+                self._send_trace(trace, key)
             slot.task.unpublished -= 1
             self._slots.discard(slot)
             self._published += 1
             self.published_total += 1
         self._freed.set()
         self.inference_gate.notify()
+
+    def _send_trace(self, trace: TraceRecorded, key: str) -> None:
+        try:
+            self.producer.send(self.topics.traces, trace, key=key)
+            return
+        except EventTooLargeError as exc:
+            too_large = exc
+        if self.store is not None:
+            self.producer.send(self.topics.traces, trace_blobs.offload(trace, self.store, prefix=self.topics.prefix),
+                               key=key)
+            return
+        logger.warning("the trace of %s was sent without its graph: %s. Give the env worker an object store "
+                       "(the run's [store], or --store on `rollwire env-worker`) to keep such traces",
+                       trace.rollout_id, too_large)
+        self.producer.send(self.topics.traces, trace.model_copy(update={"nodes": []}), key=key)
 
     def _traced_rollout(self, parent: Context, task: TaskAssigned, taskset: Taskset, index: int
                         ) -> tuple[RolloutCompleted, TraceRecorded]:

@@ -15,7 +15,8 @@
     │   ├── DeliveryError
     │   └── CommitFailedError
     ├── ObjectStoreError       rollwire.objectstore — an object could not be read or written
-    │   └── ObjectNotFoundError
+    │   ├── ObjectNotFoundError
+    │   └── TraceBlobError     rollwire.trace_blobs — a trace's stored graph is missing or altered
     ├── CheckpointError        rollwire.weight_versions — a published weight version cannot be used
     │   ├── CheckpointMissingError
     │   ├── CorruptCheckpointError

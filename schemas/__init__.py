@@ -25,7 +25,7 @@ from rollwire.schemas.rollout import (
     TraceRecorded,
     WeightVersionSpan,
 )
-from rollwire.schemas.scorer import ScorerGroupState, ScorerTick
+from rollwire.schemas.scorer import ScorerGroupRollout, ScorerGroupState, ScorerTick
 from rollwire.schemas.topics import CATALOG, Topics, TopicSpec
 from rollwire.schemas.training import RolloutsDropped, Staleness, TrainStepCompleted
 from rollwire.schemas.weights import ReplicaStatus, WeightsPublished
@@ -35,8 +35,8 @@ __all__ = [
     "CorruptEventError", "DeadLetter", "Envelope", "Event", "EventTooLargeError",
     "FeedbackReceived", "InferenceCall", "InvalidEventError", "ReplicaStatus", "RolloutCompleted",
     "RolloutError", "RolloutTimings", "RolloutsDropped", "SamplingParams", "SchemaError",
-    "SchemaVersionTooNewError", "ScoredRollout", "ScorerGroupState", "ScorerTick", "Staleness", "TaskAssigned",
-    "TopicSpec", "Topics",
+    "SchemaVersionTooNewError", "ScoredRollout", "ScorerGroupRollout", "ScorerGroupState", "ScorerTick",
+    "Staleness", "TaskAssigned", "TopicSpec", "Topics",
     "TraceNode", "TraceRecorded", "TrainStepCompleted", "UnknownEventTypeError",
     "WeightVersionSpan", "WeightsPublished", "new_id", "now_ms",
 ]

@@ -17,9 +17,11 @@ from rollwire.schemas.rollout import RolloutCompleted
 class ScorerGroupState(Event):
     """What the scorer holds for one group.
 
-    Produced by the group scorer on `scorer-state` (compacted; key: group id) after every
-    change; consumed by the group scorer when it restores its table on start. A tombstone (empty
-    value) forgets a closed group once `retain_closed_s` has passed.
+    Produced by the group scorer on `scorer-state` (compacted; key: group id) when the group
+    opens and when it closes, without its rollouts (those are `ScorerGroupRollout` records);
+    consumed by the group scorer when it restores its table on start. A tombstone (empty value)
+    forgets a closed group once `retain_closed_s` has passed. In memory the scorer holds the
+    open group's rollouts here, ordered by sample index.
     """
 
     type: Literal["scorer.group_state"] = "scorer.group_state"
@@ -39,6 +41,20 @@ class ScorerGroupState(Event):
     """Every rollout id received for the group, kept after closing to recognise redeliveries."""
     closed_at_ms: int | None = None
     """When the group was scored or dropped (epoch ms); None while open."""
+
+
+class ScorerGroupRollout(Event):
+    """One rollout an open group holds: the scorer's changelog grows by these, one per rollout,
+    instead of rewriting the whole group (`streams/group_changelog.py`).
+
+    Produced by the group scorer on `scorer-state` (compacted; key: group id, NUL, sample index)
+    when the rollout arrives, tombstoned when its group closes; consumed by the group scorer when
+    it restores its table on start.
+    """
+
+    type: Literal["scorer.group_rollout"] = "scorer.group_rollout"
+    rollout: RolloutCompleted
+    """The rollout as the env worker published it."""
 
 
 class ScorerTick(Event):

@@ -17,7 +17,7 @@ from rollwire.schemas.deadletter import DeadLetter
 from rollwire.schemas.feedback import FeedbackReceived
 from rollwire.schemas.registry import type_tag
 from rollwire.schemas.rollout import RolloutCompleted, ScoredRollout, TaskAssigned, TraceRecorded
-from rollwire.schemas.scorer import ScorerGroupState, ScorerTick
+from rollwire.schemas.scorer import ScorerGroupRollout, ScorerGroupState, ScorerTick
 from rollwire.schemas.training import RolloutsDropped, TrainStepCompleted
 from rollwire.schemas.weights import ReplicaStatus, WeightsPublished
 
@@ -67,7 +67,7 @@ CATALOG: tuple[TopicSpec, ...] = (
               "production apps", "feedback joiner"),
     TopicSpec("deadletter", (DeadLetter,), "source topic", 1, "delete", 30 * DAY_MS,
               "every consumer", "dispatcher (counts refused rollouts back), operators, replay tools"),
-    TopicSpec("scorer-state", (ScorerGroupState,), "group id", 4, "compact", None,
+    TopicSpec("scorer-state", (ScorerGroupState, ScorerGroupRollout), "group id (NUL sample index)", 4, "compact", None,
               "group scorer", "group scorer (restoring its table)"),
     TopicSpec("scorer-ticks", (ScorerTick,), "partition", 4, "delete", DAY_MS,
               "group scorer timer (faust)", "group scorer (faust)"),

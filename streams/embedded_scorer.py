@@ -2,7 +2,8 @@
 
     reads:  <prefix>.rollouts      (consumer group `scorer`)
     writes: <prefix>.scored, <prefix>.drops, <prefix>.deadletter,
-            <prefix>.scorer-state  (compacted changelog of the group table, read back on start)
+            <prefix>.scorer-state  (compacted changelog of the group table, one record per
+                                    rollout: `group_changelog.py`; read back on start)
 
 The commit protocol of one `step`:
 
@@ -29,6 +30,7 @@ from rollwire.bus.partitioner import partition_for
 from rollwire.schemas.envelope import Codec
 from rollwire.schemas.scorer import ScorerGroupState
 from rollwire.schemas.topics import Topics
+from rollwire.streams import group_changelog
 from rollwire.streams.scoring import GroupScorer, Step, route, scoring_span
 
 logger = logging.getLogger(__name__)
@@ -52,11 +54,11 @@ class EmbeddedScorer:
         self._codec = Codec()
 
     def _restore(self, owned: frozenset[int]) -> None:
-        """Loads the latest state of every group on the partitions this process now owns."""
-        self.states = {}
-        for key, record in self.log.latest_per_key(self.state_topic).items():
-            if record.value and partition_for(key, self.partitions) in owned:
-                self.states[key.decode()] = self._codec.decode(record.value).event
+        """Rebuilds every group on the partitions this process now owns from the changelog."""
+        records = self.log.latest_per_key(self.state_topic).values()
+        self.states = group_changelog.restore(
+            (self._codec.decode(r.value).event for r in records if r.value),
+            owns=lambda group_id: partition_for(group_id.encode(), self.partitions) in owned)
         logger.info("scorer owns rollout partitions %s: restored %d groups", sorted(owned), len(self.states))
 
     def step(self, timeout_s: float = 0.5) -> int:
@@ -94,14 +96,16 @@ class EmbeddedScorer:
             with scoring_span(event):
                 self.producer.send(self.topics.name(route(event)), event, key=group_id)
             self.stats[event.type] += 1
-        if not result.changed:
-            return
-        if result.state is None:
+        partition = partition_for(group_id.encode(), self.partitions)  # a group's records stay together
+        for key, record in group_changelog.writes(group_id, self.states.get(group_id), result):
+            if record is None:
+                self.producer.send_tombstone(self.state_topic, key=key, partition=partition)
+            else:
+                self.producer.send(self.state_topic, record, key=key, partition=partition)
+        if result.changed and result.state is None:
             self.states.pop(group_id, None)
-            self.producer.send_tombstone(self.state_topic, key=group_id)
-        else:
+        elif result.changed:
             self.states[group_id] = result.state
-            self.producer.send(self.state_topic, result.state, key=group_id)
 
     def run(self, stop_after_idle_s: float | None = None) -> None:
         """Steps until interrupted, or until no rollout arrived for `stop_after_idle_s`."""

@@ -2,7 +2,8 @@
 
     reads:  <prefix>.rollouts, <prefix>.scorer-ticks   (one agent, co-partitioned, concurrency 1)
     writes: <prefix>.scored, <prefix>.drops, <prefix>.deadletter, <prefix>.scorer-ticks
-    table:  `groups`, changelog <prefix>.scorer-state  (the same topic the embedded driver uses)
+    table:  `groups`, changelog <prefix>.scorer-state  (the same topic and records as the embedded
+            driver: a header per group, a record per rollout; `group_changelog.py`)
 
 Scaling is by partitions: start more workers with the same app id and Kafka splits the rollout
 partitions among them; each worker's table holds the groups of its partitions. Agent
@@ -35,8 +36,9 @@ from rollwire.bus.settings import KafkaBusSettings
 from rollwire.schemas.envelope import Codec
 from rollwire.schemas.errors import SchemaError
 from rollwire.schemas.rollout import RolloutCompleted
-from rollwire.schemas.scorer import ScorerTick
+from rollwire.schemas.scorer import ScorerGroupState, ScorerTick
 from rollwire.schemas.topics import Topics
+from rollwire.streams import group_changelog
 from rollwire.streams.faust_recovery import SeekBeforeFetchTableManager
 from rollwire.streams.scoring import GroupScorer, ScorerSettings, Step, route, scoring_span
 
@@ -113,19 +115,35 @@ def build_app(settings: FaustScorerSettings, scorer_settings: ScorerSettings, *,
             else:
                 await outputs[topic_name].send(key=out.key, value=out.value, headers=out.headers)
 
+    # The table holds encoded records (`group_changelog.py`: a header per group, a record per
+    # rollout); `held` holds the groups decoded, rebuilt from the table after a rebalance.
+    held: dict[str, ScorerGroupState | None] = {}
+
+    @app.on_partitions_revoked.connect
+    async def forget_decoded(*_args: Any, **_kwargs: Any) -> None:
+        held.clear()
+
     async def apply(group_id: str, step: Step) -> None:
         for event in step.events:
             with scoring_span(event):
                 await send(route(event), event, group_id)
-        if step.changed:
-            if step.state is None:
-                groups.pop(group_id.encode(), None)
+        for key, record in group_changelog.writes(group_id, state_of(group_id), step):
+            if record is None:
+                groups.pop(key.encode(), None)
             else:
-                groups[group_id.encode()] = codec.encode(step.state, producer=settings.app_id)
+                groups[key.encode()] = codec.encode(record, producer=settings.app_id)
+        if step.changed:
+            held[group_id] = step.state
 
-    def state_of(group_id: str):
-        data = groups.get(group_id.encode())
-        return codec.decode(data).event if data else None
+    def state_of(group_id: str) -> ScorerGroupState | None:
+        if group_id not in held:
+            data = groups.get(group_id.encode())
+            group = codec.decode(data).event if data else None
+            if group is not None:
+                keys = (group_changelog.rollout_key(group_id, i).encode() for i in range(group.group_size))
+                group = group_changelog.assemble(group, [codec.decode(groups[k]).event.rollout for k in keys if k in groups])
+            held[group_id] = group
+        return held[group_id]
 
     @app.agent(app.topic(topics.rollouts, topics.name("scorer-ticks"), **raw), concurrency=1)
     async def score(stream) -> None:
@@ -146,7 +164,8 @@ def build_app(settings: FaustScorerSettings, scorer_settings: ScorerSettings, *,
             await send("deadletter", dead_letter_for(record, exc, stage="decode", component="scorer"), record.topic)
             return
         if isinstance(decoded, ScorerTick):
-            for key in [k for k in list(groups.keys()) if partition_for(k, partitions) == record.partition]:
+            for key in [k for k in list(groups.keys())
+                        if group_changelog.is_group_key(k) and partition_for(k, partitions) == record.partition]:
                 state = state_of(key.decode())
                 if state is not None:
                     await apply(key.decode(), scorer.on_tick(state))

@@ -96,8 +96,8 @@ class GroupScorer:
             state = ScorerGroupState(group_id=rollout.group_id, environment=rollout.environment,
                                      algorithm=rollout.algorithm, group_size=rollout.group_size,
                                      first_seen_ms=now)
-        state = state.model_copy(update={"rollouts": [*state.rollouts, rollout],
-                                         "rollout_ids": [*state.rollout_ids, rollout.rollout_id]})
+        held = sorted([*state.rollouts, rollout], key=lambda r: r.sample_index)  # one order, however they arrive
+        state = state.model_copy(update={"rollouts": held, "rollout_ids": [r.rollout_id for r in held]})
         if len(state.rollouts) < state.group_size:
             return Step(state, changed=True)
         return self._close(state, now, timed_out=False)

@@ -14,6 +14,7 @@ from rollwire.schemas import (
     RolloutsDropped,
     RolloutTimings,
     ScoredRollout,
+    ScorerGroupRollout,
     ScorerGroupState,
     ScorerTick,
     Staleness,
@@ -104,13 +105,17 @@ def group_state(**kw) -> ScorerGroupState:
                                "rollout_ids": ["rollout-1"], **kw})
 
 
+def group_rollout(**kw) -> ScorerGroupRollout:
+    return ScorerGroupRollout(**{"rollout": rollout(), **kw})
+
+
 def tick(**kw) -> ScorerTick:
     return ScorerTick(**{"at_ms": 1_790_000_000_700, **kw})
 
 
 ALL: dict[str, Event] = {e.type: e for e in (task(), rollout(), trace(), scored(), weights(), replica(),
                                             train_step(), dropped(), feedback(), dead_letter(),
-                                            group_state(), tick())}
+                                            group_state(), group_rollout(), tick())}
 """One valid example of every event type, by type tag."""
 
 
@@ -143,3 +148,12 @@ def trainable(i: int, *, version: int = 0, advantage: float = 1.0, prompt=None, 
         weight_versions=[WeightVersionSpan(version=version, start=0, end=len(completion))],
         rewards={"r": 1.0}, reward=1.0)
     return ScoredRollout(rollout=rollout, algorithm="grpo", reward=1.0, advantage=advantage)
+
+
+def big_trace(rollout_id: str = "g-0", tokens: int = 4000) -> TraceRecorded:
+    """A trace with one model call of `tokens` prompt and completion tokens (~30 KB at 4000)."""
+    call = InferenceCall(prompt_token_ids=list(range(tokens)), completion_token_ids=list(range(tokens)),
+                         completion_logprobs=[-0.25] * tokens)
+    nodes = [TraceNode(node_id=0, kind="message", role="user", content="reverse 12"),
+             TraceNode(node_id=1, parent_id=0, kind="llm_call", call=call)]
+    return TraceRecorded(rollout_id=rollout_id, group_id="g", nodes=nodes)

@@ -88,9 +88,9 @@ class Producer(ABC):
 
     @abstractmethod
     def send(self, topic: str, value: bytes | None, *, key: bytes | None = None, headers: Headers = (),
-             timestamp_ms: int | None = None) -> None:
-        """Queues one record (`value=None` is a tombstone for `key`). Raises `TopicError` for an
-        unknown topic."""
+             timestamp_ms: int | None = None, partition: int | None = None) -> None:
+        """Queues one record (`value=None` is a tombstone for `key`) on `partition`, or on the
+        partition of `key` when None. Raises `TopicError` for an unknown topic."""
 
     @abstractmethod
     def flush(self, timeout_s: float = 30.0) -> None:

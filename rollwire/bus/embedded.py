@@ -68,11 +68,15 @@ class EmbeddedProducer(Producer):
         return self._files[topic]
 
     def send(self, topic: str, value: bytes | None, *, key: bytes | None = None, headers: Headers = (),
-             timestamp_ms: int | None = None) -> None:
+             timestamp_ms: int | None = None, partition: int | None = None) -> None:
         if self._closed:
             raise BusError("send() on a closed producer")
         file = self._file(topic)
-        record = Append(partition=partition_for(key, file.meta.partitions), key=key, value=value,
+        if partition is None:
+            partition = partition_for(key, file.meta.partitions)
+        elif not 0 <= partition < file.meta.partitions:
+            raise TopicError(f"{topic} has partitions 0..{file.meta.partitions - 1}, not {partition}")
+        record = Append(partition=partition, key=key, value=value,
                         headers=tuple(headers), timestamp_ms=timestamp_ms or time.time_ns() // 1_000_000)
         with self._lock:
             self._buffer.append((topic, record))

@@ -78,17 +78,18 @@ class EventProducer:
         self._producer, self.topics, self.name = producer, topics, name
         self.codec = codec or Codec()
 
-    def send(self, topic: str, event: Event, *, key: str | bytes | None) -> str:
-        """Queues `event` on `topic` (a full catalog name) and returns its event id."""
+    def send(self, topic: str, event: Event, *, key: str | bytes | None, partition: int | None = None) -> str:
+        """Queues `event` on `topic` (a full catalog name) and returns its event id. The partition
+        is the key's unless given."""
         with outgoing(self.topics, self.codec, self.name, topic, event, key) as out:
-            self._producer.send(topic, out.value, key=out.key, headers=out.headers)
+            self._producer.send(topic, out.value, key=out.key, headers=out.headers, partition=partition)
         return out.event_id
 
-    def send_tombstone(self, topic: str, *, key: str | bytes) -> None:
+    def send_tombstone(self, topic: str, *, key: str | bytes, partition: int | None = None) -> None:
         """Queues a tombstone for `key` on a compacted topic: compaction then forgets the key."""
         if self.topics.spec(topic).cleanup != "compact":
             raise ConfigError(f"tombstones only make sense on compacted topics, not {topic}")
-        self._producer.send(topic, None, key=key.encode() if isinstance(key, str) else key)
+        self._producer.send(topic, None, key=key.encode() if isinstance(key, str) else key, partition=partition)
 
     def flush(self, timeout_s: float = 30.0) -> None:
         self._producer.flush(timeout_s)

@@ -73,7 +73,7 @@ class KafkaProducer(Producer):
             self._failures.append((msg.topic(), msg.key(), f"{err.name()}: {err.str()}"))
 
     def send(self, topic: str, value: bytes | None, *, key: bytes | None = None, headers: Headers = (),
-             timestamp_ms: int | None = None) -> None:
+             timestamp_ms: int | None = None, partition: int | None = None) -> None:
         if topic not in self._known:
             _topic_exists(self._producer, topic)
             self._known.add(topic)
@@ -82,6 +82,8 @@ class KafkaProducer(Producer):
             kwargs["headers"] = list(headers)
         if timestamp_ms is not None:
             kwargs["timestamp"] = timestamp_ms
+        if partition is not None:
+            kwargs["partition"] = partition
         for _ in range(_SEND_RETRIES):
             try:
                 self._producer.produce(topic, **kwargs)

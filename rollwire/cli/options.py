@@ -27,8 +27,8 @@ def bus_settings(args: argparse.Namespace):
     return EmbeddedBusSettings(path=args.log_dir)
 
 
-def add_store_options(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("object store (weights)")
+def add_store_options(parser: argparse.ArgumentParser, purpose: str = "weights") -> None:
+    group = parser.add_argument_group(f"object store ({purpose})")
     group.add_argument("--store", choices=["local", "s3"], default="local",
                        help="local: a directory (default); s3: an S3-compatible server via minio")
     group.add_argument("--store-dir", type=Path, default=Path("runs/default/store"),

@@ -6,7 +6,14 @@ import argparse
 import json
 import shlex
 
-from rollwire.cli.options import add_bus_options, add_settings_flags, bus_settings, settings_flags
+from rollwire.cli.options import (
+    add_bus_options,
+    add_settings_flags,
+    add_store_options,
+    bus_settings,
+    settings_flags,
+    store_settings,
+)
 from rollwire.consumers.batch_consumer import BatchSettings
 from rollwire.producers.dispatcher import DispatcherSettings, EnvironmentMix
 from rollwire.producers.env_worker import EnvWorkerSettings
@@ -58,6 +65,7 @@ def add_env_worker(sub) -> None:
                        EnvWorkerSettings, WORKER_FLAGS)
     worker.add_argument("--exit-when-idle", type=float, metavar="SECONDS", help="stop after SECONDS without tasks")
     add_bus_options(worker)
+    add_store_options(worker, purpose="traces too large for one event")
     worker.set_defaults(run=cmd_env_worker)
 
 
@@ -108,6 +116,7 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
 def cmd_env_worker(args: argparse.Namespace) -> int:
     from rollwire.bus import catalog_topics, open_log
     from rollwire.consumers.vllm_control import VllmControl
+    from rollwire.objectstore import open_store
     from rollwire.producers.env_worker import EnvWorker
     from rollwire.producers.harnesses import script_harness
     from rollwire.producers.interception_server import InterceptionServer
@@ -119,7 +128,8 @@ def cmd_env_worker(args: argparse.Namespace) -> int:
     with open_log(bus_settings(args)) as log:
         log.create_topics(catalog_topics(topics))
         worker = EnvWorker(log, topics, VllmControl(args.base_url), tasksets,
-                           EnvWorkerSettings(**settings_flags(args, WORKER_FLAGS)), harness=harness)
+                           EnvWorkerSettings(**settings_flags(args, WORKER_FLAGS)), harness=harness,
+                           store=open_store(store_settings(args)))
         try:
             worker.run(idle_exit_s=args.exit_when_idle)
         except KeyboardInterrupt:

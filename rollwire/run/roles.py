@@ -70,7 +70,9 @@ def run_env_worker(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
     from rollwire.producers.env_worker import EnvWorker
     from rollwire.producers.tasksets import load_taskset
     tasksets = {e.name: load_taskset(e.name, **e.options) for e in recipe.environments}
-    worker = EnvWorker(log, topics, VllmControl(base_url(recipe)), tasksets, recipe.env_workers.for_worker(index))
+    from rollwire.objectstore import open_store
+    worker = EnvWorker(log, topics, VllmControl(base_url(recipe)), tasksets, recipe.env_workers.for_worker(index),
+                       store=open_store(recipe.store))
     try:
         worker.run()
     finally:

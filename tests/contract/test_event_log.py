@@ -210,3 +210,37 @@ def test_a_waiting_reader_wakes_when_another_process_appends(log, new_topic, bus
         child.wait(timeout=60)
     assert [r.value for r in batch] == [b"late:0"]
     assert waited < 30, "the reader slept through the append until its timeout"
+
+
+def test_a_record_sent_to_a_partition_lands_there_whatever_its_key(log, new_topic):
+    topic = new_topic(3)
+    with log.producer() as producer:
+        for p in range(3):
+            producer.send(topic, f"v{p}".encode(), key=b"same-key", partition=p)
+        producer.flush()
+    records = read_all(log, topic, 3)
+    assert sorted((r.partition, r.value) for r in records) == [(0, b"v0"), (1, b"v1"), (2, b"v2")]
+
+
+@pytest.mark.kafka
+def test_scans_register_no_consumer_group_on_the_broker(bus_settings_kafka, topics):
+    from confluent_kafka.admin import AdminClient
+
+    from rollwire.bus import DeadLetters, EventProducer, catalog_topics, open_log, read_to_end
+    admin = AdminClient({"bootstrap.servers": bus_settings_kafka.bootstrap_servers})
+
+    def groups() -> set[str]:
+        return {g.group_id for g in admin.list_consumer_groups(request_timeout=10).result().valid}
+
+    log = open_log(bus_settings_kafka)
+    log.create_topics(catalog_topics(topics))
+    before = groups()
+    producer = EventProducer(log.producer(), topics, name="test")
+    produce(log, topics.rollouts, [(b"k", b"not an event")])
+    list(read_to_end(log, [topics.rollouts], DeadLetters(producer, "test")))
+    read_all(log, topics.rollouts, 1)
+    log.latest_per_key(topics.rollouts)
+    log.end_offsets(topics.rollouts)
+    producer.close()
+    log.close()
+    assert groups() - before == set()

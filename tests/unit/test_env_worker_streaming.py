@@ -8,7 +8,11 @@ from __future__ import annotations
 import threading
 import time
 
+from builders import big_trace
+
+from rollwire import trace_blobs
 from rollwire.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
+from rollwire.objectstore import LocalStore
 from rollwire.producers.env_worker import EnvWorker, EnvWorkerSettings
 from rollwire.producers.tasksets import load_taskset
 from rollwire.schemas import Codec, TaskAssigned, Topics
@@ -242,3 +246,20 @@ def test_a_wave_leaves_at_once_when_no_other_rollout_could_join_it():
     for t in threads:
         t.join()
     assert len(entered) == 3 and max(entered) - started < 1.0  # not the 5 s window
+
+
+def test_the_env_worker_offloads_only_traces_over_the_event_limit(tmp_path):
+    log, topics = setup(tmp_path, {})
+    store = LocalStore(tmp_path / "store")
+    worker = worker_for(log, topics, Harness())
+    worker.store = store
+    worker.producer.codec = Codec(max_event_bytes=16 * 1024)
+    worker._send_trace(big_trace("g-0"), "g")
+    worker._send_trace(big_trace("g-1", tokens=10), "g")
+    worker.producer.flush()
+    with log.reader([topics.traces]) as reader:
+        sent = {e.rollout_id: e for e in (Codec().decode(r.value).event for r in reader.poll_batch(10, 2.0))}
+    assert sent["g-0"].blob is not None and sent["g-1"].blob is None and len(sent["g-1"].nodes) == 2
+    assert trace_blobs.nodes_of(sent["g-0"], store) == big_trace("g-0").nodes
+    worker.close(drain_s=0)
+    log.close()

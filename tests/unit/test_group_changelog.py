@@ -1,0 +1,91 @@
+"""The scorer's changelog grows by one rollout per rollout, and rebuilds exactly the groups held."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+from builders import group_of
+
+from rollwire.schemas import Codec
+from rollwire.schemas.scorer import ScorerGroupRollout, ScorerGroupState
+from rollwire.streams import group_changelog
+from rollwire.streams.scoring import GroupScorer, ScorerSettings
+
+codec = Codec()
+
+
+def run_through(scorer: GroupScorer, arrivals, *, now_of=lambda i: 1_000 + i):
+    """Feeds rollouts (and `"tick"` markers) to the scorer as a driver would; yields after each
+    input the live states and the changelog as it stands (latest record per key)."""
+    states: dict[str, ScorerGroupState] = {}
+    latest: dict[str, bytes | None] = {}
+    written = 0
+    for i, item in enumerate(arrivals):
+        steps = ([(gid, scorer.on_tick(s, now=now_of(i))) for gid, s in list(states.items())] if item == "tick"
+                 else [(item.group_id, scorer.on_rollout(states.get(item.group_id), item, now=now_of(i)))])
+        for gid, step in steps:
+            for key, record in group_changelog.writes(gid, states.get(gid), step):
+                latest[key] = None if record is None else codec.encode(record, producer="test")
+                written += len(key) + len(latest[key] or b"")
+            if step.changed and step.state is None:
+                states.pop(gid)
+            elif step.changed:
+                states[gid] = step.state
+        yield states, latest, written
+
+
+def restored(latest: dict[str, bytes | None]) -> dict[str, ScorerGroupState]:
+    return group_changelog.restore(codec.decode(v).event for v in latest.values() if v)
+
+
+def test_a_group_of_k_rollouts_writes_about_k_rollouts_of_bytes():
+    k = 32
+    group = group_of("g", [float(i % 2) for i in range(k)], lengths=[50] * k)
+    one_rollout = len(codec.encode(group[0], producer="test"))
+    *_, (_, _, written) = run_through(GroupScorer(ScorerSettings()), group)
+    # k rollout records, a header when the group opens and when it closes, k small tombstones.
+    assert written < 1.25 * k * one_rollout, f"{written} B written for {k} rollouts of {one_rollout} B"
+
+
+def test_restoring_after_any_prefix_gives_the_groups_the_scorer_held():
+    rng = random.Random(7)
+    scorer = GroupScorer(ScorerSettings(group_timeout_s=0.005, retain_closed_s=0.02, min_group_size=2))
+    arrivals: list = []
+    for g in range(6):
+        arrivals += group_of(f"g{g}", [1, 0, 1, 0], errored=(1,) if g == 2 else ())[: 2 + g % 3]
+    rng.shuffle(arrivals)
+    arrivals = arrivals[:5] + [arrivals[0]] + ["tick"] + arrivals[5:] + ["tick", "tick"]  # a redelivery, timeouts
+    seen_closed = seen_forgotten = False
+    for states, latest, _ in run_through(scorer, arrivals, now_of=lambda i: 1_000 + 4 * i):
+        assert restored(latest) == states
+        seen_closed |= any(s.closed_at_ms is not None for s in states.values())
+        seen_forgotten |= len(states) < len({r.group_id for r in arrivals[:5] if r != "tick"})
+    assert seen_closed and seen_forgotten
+
+
+def test_the_order_rollouts_arrive_in_does_not_change_the_group():
+    group = group_of("g", [1, 0, 1, 0])
+    held = set()
+    for order in itertools.permutations(group[:3]):
+        *_, (states, _, _) = run_through(GroupScorer(ScorerSettings()), order)
+        held.add(codec.encode(states["g"].model_copy(update={"first_seen_ms": 0}), producer="t")[-400:])
+    assert len(held) == 1
+
+
+def test_a_changelog_written_as_whole_groups_still_restores():
+    group = group_of("g", [1, 0, 1, 0])
+    whole = ScorerGroupState(group_id="g", environment="reverse-digits", algorithm="grpo", group_size=4,
+                             first_seen_ms=5, rollouts=group[:2], rollout_ids=[r.rollout_id for r in group[:2]])
+    state = group_changelog.restore([whole, ScorerGroupRollout(rollout=group[2])])["g"]
+    assert [r.rollout_id for r in state.rollouts] == ["g-r0", "g-r1", "g-r2"] == state.rollout_ids
+
+
+def test_rollout_records_of_a_closed_group_are_ignored_and_removed_when_it_is_forgotten():
+    group = group_of("g", [1, 0])
+    closed = ScorerGroupState(group_id="g", environment="reverse-digits", algorithm="grpo", group_size=2,
+                              first_seen_ms=5, rollout_ids=["g-r0", "g-r1"], closed_at_ms=9)
+    assert group_changelog.restore([closed, ScorerGroupRollout(rollout=group[0])])["g"] == closed  # a crash left group[0] behind
+    forget = GroupScorer(ScorerSettings(retain_closed_s=0)).on_tick(closed, now=10)
+    keys = [k for k, v in group_changelog.writes("g", closed, forget) if v is None]
+    assert keys == ["g", group_changelog.rollout_key("g", 0), group_changelog.rollout_key("g", 1)]
