@@ -192,7 +192,7 @@ def scoring_span(event: Event) -> Iterator[None]:
     """Around sending one output event. A `ScoredRollout` is sent inside a `score rollout` span that
     continues its rollout's trace (the `traceparent` the env worker stored in the event) and links to
     the span that closed the group, so each rollout's trace runs on through scoring to the trainer."""
-    if not isinstance(event, ScoredRollout):
+    if not isinstance(event, ScoredRollout) or not telemetry.tracing():
         yield
         return
     closing = trace.get_current_span().get_span_context()

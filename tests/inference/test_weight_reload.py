@@ -74,14 +74,14 @@ def test_a_published_version_serves_the_logprobs_of_its_weights(fleet, tiny_mode
     assert [s.state for s in fleet.statuses()] == ["serving"]
 
 
-def test_a_request_in_flight_during_a_swap_completes_and_reports_both_versions(fleet, tiny_models, version_base):
-    fleet.publish(version_base + 1, tiny_models.version(seed=12))
-    subscriber = fleet.subscriber()
-    subscriber.catch_up()
-    chunks, started = [], threading.Event()
+def in_flight_request(control) -> tuple[list[dict], threading.Thread]:
+    """Starts a long streamed request; returns (its chunks so far, the thread reading it) once
+    five chunks have arrived."""
+    chunks: list[dict] = []
+    started = threading.Event()
 
     def stream():
-        for chunk in fleet.server.control.generate_stream(PROMPT, max_tokens=1800, ignore_eos=True, seed=3):
+        for chunk in control.generate_stream(PROMPT, max_tokens=1800, ignore_eos=True, seed=3):
             chunks.append(chunk)
             if len(chunks) == 5:
                 started.set()
@@ -89,9 +89,26 @@ def test_a_request_in_flight_during_a_swap_completes_and_reports_both_versions(f
     reader = threading.Thread(target=stream)
     reader.start()
     assert started.wait(120)
+    return chunks, reader
+
+
+def test_a_request_in_flight_during_a_swap_completes_and_reports_both_versions(fleet, tiny_models, version_base):
+    fleet.publish(version_base + 1, tiny_models.version(seed=12))
+    subscriber = fleet.subscriber()
+    subscriber.catch_up()
     # On a CPU the tiny model decodes faster than a checkpoint downloads, so the request is held
-    # (pause, keep) until the subscriber's own swap resumes it: it is certainly in flight then.
-    fleet.server.control.pause("keep")
+    # (pause, keep) until the subscriber's own swap resumes it. On a loaded machine it can finish
+    # before the pause lands; then it is not in flight, and the test starts another one.
+    for _attempt in range(3):
+        chunks, reader = in_flight_request(fleet.server.control)
+        fleet.server.control.pause("keep")
+        time.sleep(0.5)  # chunks already on their way arrive
+        if not any(c["choices"][0].get("finish_reason") for c in chunks):
+            break
+        fleet.server.control.resume()
+        reader.join(60)
+    else:
+        pytest.fail("three requests of 1800 tokens each finished before a pause could hold them")
     fleet.publish(version_base + 2, tiny_models.version(seed=13))
     statuses = subscriber.poll(timeout_s=5)
     reader.join(180)

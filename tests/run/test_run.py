@@ -212,24 +212,39 @@ def test_one_rollout_is_traced_from_the_env_worker_to_the_trainer_step_and_the_n
                and s["end_ns"] > reload["end_ns"] for s in spans)
 
 
+GARBAGE_ON = ("tasks", "rollouts", "scorer-ticks", "scored", "weights", "fleet", "train", "drops")
+"""Every topic a component of a run reads while it runs (`traces` and `feedback` have no reader in a
+run; `scorer-state` is read when the scorer starts)."""
+
+
 @pytest.mark.kafka
-def test_the_same_recipe_runs_on_kafka(tmp_path, kafka_bootstrap):
+def test_the_same_recipe_runs_on_kafka_and_shrugs_off_garbage_on_every_topic(tmp_path, kafka_bootstrap):
     from rollwire.bus import Beginning, KafkaBusSettings, open_log
     from rollwire.schemas import Codec
     name = f"kafkarun{int(time.time() * 1000) % 10**8}"
-    recipe = _recipe(tmp_path, name, steps=3)
+    metrics = tmp_path / name / "metrics.jsonl"
+    recipe = _recipe(tmp_path, name, steps=4)
     done = _start(str(recipe), "--run-dir", str(tmp_path / name), "--bus", "kafka", "--bootstrap", kafka_bootstrap)
-    output = _finish(done, 600)
-    assert done.returncode == 0, output
-    assert [r["step"] for r in _metrics(tmp_path / name / "metrics.jsonl")] == [1, 2, 3]
-    assert not (tmp_path / name / "log").exists()  # nothing went to the embedded log
-    events = []
-    with open_log(KafkaBusSettings(bootstrap_servers=kafka_bootstrap)) as log, \
-            log.reader([f"{name}.train", f"{name}.weights"], Beginning()) as reader:
-        deadline = time.monotonic() + 30
-        while len(events) < 6 and time.monotonic() < deadline:
-            events += [Codec().decode(r.value).event for r in reader.poll_batch(100, 1.0)]
-    assert sorted(e.type for e in events) == ["train.step_completed"] * 3 + ["weights.published"] * 3
+    with open_log(KafkaBusSettings(bootstrap_servers=kafka_bootstrap)) as log:
+        _wait_for_steps(done, metrics, 1)
+        with log.producer() as producer:
+            for short in GARBAGE_ON:
+                producer.send(f"{name}.{short}", b"\xc1 not an event", key=b"garbage")
+            producer.flush()
+        output = _finish(done, 600)
+        assert done.returncode == 0, output
+        assert [r["step"] for r in _metrics(metrics)] == [1, 2, 3, 4]
+        assert not (tmp_path / name / "log").exists()  # nothing went to the embedded log
+        events = []
+        with log.reader([f"{name}.train", f"{name}.weights", f"{name}.deadletter"], Beginning()) as reader:
+            deadline = time.monotonic() + 30
+            while len(events) < 8 + len(GARBAGE_ON) and time.monotonic() < deadline:
+                events += [Codec().decode(r.value).event for r in reader.poll_batch(100, 1.0)
+                           if r.value != b"\xc1 not an event"]
+    assert sorted(e.type for e in events if e.type != "dead_letter") == \
+        ["train.step_completed"] * 4 + ["weights.published"] * 4
+    letters = [e for e in events if e.type == "dead_letter"]
+    assert {e.source_topic for e in letters if e.raw == b"\xc1 not an event"} == {f"{name}.{t}" for t in GARBAGE_ON}
     assert _processes_of(tmp_path / name) == []
 
 
