@@ -83,7 +83,7 @@ class EmbeddedProducer(Producer):
             full = len(self._buffer) >= self._batch_records
         if full:
             self._write_buffer()
-        else:
+        elif not self._wake.is_set():  # set() takes a lock; most sends find it set already
             self._wake.set()
 
     def _linger_loop(self) -> None:
