@@ -140,8 +140,16 @@ def context_from_headers(headers: Sequence[tuple[str, bytes]]) -> otel_context.C
 
 def tracing() -> bool:
     """Whether this process records spans (a tracer provider is installed). Without one every
-    span is a no-op, so the helpers below skip building them: per-record work on the hot path."""
-    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+    span is a no-op, so the helpers below skip building them: per-record work on the hot path.
+    (`get_tracer_provider()` looks at the environment on every call until a provider is set, so
+    the installed provider is read directly where the API has it.)"""
+    provider = getattr(trace, "_TRACER_PROVIDER", _UNKNOWN)
+    if provider is _UNKNOWN:
+        return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+    return provider is not None
+
+
+_UNKNOWN = object()
 
 
 @contextmanager

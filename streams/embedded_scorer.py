@@ -96,8 +96,9 @@ class EmbeddedScorer:
             with scoring_span(event):
                 self.producer.send(self.topics.name(route(event)), event, key=group_id)
             self.stats[event.type] += 1
-        partition = partition_for(group_id.encode(), self.partitions)  # a group's records stay together
-        for key, record in group_changelog.writes(group_id, self.states.get(group_id), result):
+        writes = group_changelog.writes(group_id, self.states.get(group_id), result)
+        partition = partition_for(group_id.encode(), self.partitions) if writes else 0  # a group's records stay together
+        for key, record in writes:
             if record is None:
                 self.producer.send_tombstone(self.state_topic, key=key, partition=partition)
             else:
