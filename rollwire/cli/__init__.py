@@ -7,6 +7,7 @@ what the subcommand needs (so `rollwire --help` never loads Kafka, torch or vLLM
     services.py   score, inference, train
     evaluate.py   eval
     run.py        run (the whole loop from a recipe)
+    replay.py     replay score (re-score a recorded run into shadow topics)
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import argparse
 import logging
 import sys
 
-from rollwire.cli import evaluate, logs, producers, run, services
+from rollwire.cli import evaluate, logs, producers, replay, run, services
 
 DESCRIPTION = """\
 rollwire: asynchronous RL post-training for LLMs, as an event-sourced streaming system.
@@ -33,6 +34,7 @@ examples:
   rollwire tail deadletter --bus kafka --from-beginning --limit 20
   rollwire score --bus kafka --config scorer.toml   a faust worker of the group scorer
   rollwire inference --model runs/demo/base --port 8000   a vLLM replica following the weights topic
+  rollwire replay score --run-dir runs/demo --into demo-rloo --algorithm rloo   what RLOO would have trained
 
 Run `rollwire COMMAND --help` for the options of each command.
 """
@@ -49,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="OTLP/HTTP traces endpoint for --traces otlp (default: %(default)s)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in (run.add_run, logs.add_topics, logs.add_tail, producers.add_dispatch, producers.add_env_worker,
-                services.add_score, services.add_inference, services.add_train, evaluate.add_evaluate):
+                services.add_score, services.add_inference, services.add_train, evaluate.add_evaluate,
+                replay.add_replay):
         add(sub)
     return parser
 

@@ -1,0 +1,239 @@
+"""Re-scoring a recorded run: the live scorer's state machine over the recorded rollouts.
+
+    <live>.rollouts ──read to the end──▶ GroupScorer (same code as live) ──▶ <shadow>.scored, .drops
+    <live>.scored   ──────────────────────────────────────────────────────▶ compare ──▶ report
+
+The clock is the record time: a group times out when the rollouts after it were recorded more
+than `group_timeout_s` later, and the groups still open when the log ends are closed as the live
+scorer's timer would have closed them. With the recipe unchanged the shadow `scored` events
+equal the recorded ones field for field; with another algorithm or other group rewards they show
+what would have been trained instead. Nothing is written to the live run's topics.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rollwire.bus import DeadLetters, EventLog, EventProducer, TopicError, catalog_topics, read_to_end
+from rollwire.bus.events import Delivery
+from rollwire.errors import ConfigError
+from rollwire.schemas.base import Event
+from rollwire.schemas.rollout import RolloutCompleted, ScoredRollout
+from rollwire.schemas.scorer import ScorerGroupState
+from rollwire.schemas.topics import Topics
+from rollwire.streams.scoring import GroupScorer, route
+
+
+def rescore(deliveries: Iterable[Delivery], scorer: GroupScorer, *, algorithms: Mapping[str, str] | None = None,
+            tick_ms: int = 1000) -> Iterator[Event]:
+    """Scored and dropped events from recorded rollouts, in log order, on the recorded clock.
+    `algorithms` replaces the advantage algorithm per environment (`"*"`: every environment)."""
+    algorithms = algorithms or {}
+    states: dict[str, ScorerGroupState] = {}
+    next_tick = None
+
+    def apply(group_id: str, step) -> Iterator[Event]:
+        if step.changed:
+            if step.state is None:
+                states.pop(group_id, None)
+            else:
+                states[group_id] = step.state
+        yield from step.events
+
+    def tick(now: int) -> Iterator[Event]:
+        for group_id, state in list(states.items()):
+            if state.closed_at_ms is None:
+                yield from apply(group_id, scorer.on_tick(state, now=now))
+
+    now = 0
+    for delivery in deliveries:
+        rollout = delivery.event
+        if not isinstance(rollout, RolloutCompleted):
+            continue
+        override = algorithms.get(rollout.environment, algorithms.get("*"))
+        if override:
+            rollout = rollout.model_copy(update={"algorithm": override})
+        now = max(now, delivery.record.timestamp_ms)
+        if next_tick is None or now >= next_tick:
+            yield from tick(now)
+            next_tick = now + tick_ms
+        yield from apply(rollout.group_id, scorer.on_rollout(states.get(rollout.group_id), rollout, now=now))
+    yield from tick(now + math.ceil(scorer.settings.group_timeout_s * 1000))
+
+
+@dataclass
+class EnvironmentChange:
+    """Before and after, for one environment's rollouts scored in both."""
+
+    rollouts: int = 0
+    rewards_before: list[float] = field(default_factory=list)
+    rewards_after: list[float] = field(default_factory=list)
+    advantages_before: list[float] = field(default_factory=list)
+    advantages_after: list[float] = field(default_factory=list)
+    sign_flips: int = 0
+
+
+@dataclass
+class Comparison:
+    """The recorded scored events against the replayed ones, by rollout id."""
+
+    identical: int = 0
+    """Rollouts whose replayed event equals the recorded one in every field."""
+    changed: list[tuple[str, float, float]] = field(default_factory=list)
+    """(rollout id, advantage before, after) of rollouts scored in both with another result."""
+    only_recorded: list[str] = field(default_factory=list)
+    only_replayed: list[str] = field(default_factory=list)
+    environments: dict[str, EnvironmentChange] = field(default_factory=lambda: defaultdict(EnvironmentChange))
+    zero_signal_groups: list[str] = field(default_factory=list)
+    """Groups whose advantages were not all zero as recorded and are after the replay."""
+
+    @property
+    def unchanged(self) -> bool:
+        return not (self.changed or self.only_recorded or self.only_replayed)
+
+
+def _advantage(event: ScoredRollout) -> float:
+    if event.advantage is not None:
+        return event.advantage
+    values = event.token_advantages or []
+    return sum(values) / len(values) if values else 0.0
+
+
+def compare(recorded: Iterable[ScoredRollout], replayed: Iterable[ScoredRollout]) -> Comparison:
+    before = {e.rollout.rollout_id: e for e in recorded}  # a redelivered group: the last one counts
+    after = {e.rollout.rollout_id: e for e in replayed}
+    result = Comparison()
+    result.only_recorded = sorted(before.keys() - after.keys())
+    result.only_replayed = sorted(after.keys() - before.keys())
+    groups_before: dict[str, list[float]] = defaultdict(list)
+    groups_after: dict[str, list[float]] = defaultdict(list)
+    for rollout_id in sorted(before.keys() & after.keys()):
+        old, new = before[rollout_id], after[rollout_id]
+        a_old, a_new = _advantage(old), _advantage(new)
+        env = result.environments[old.rollout.environment]
+        env.rollouts += 1
+        env.rewards_before.append(old.reward)
+        env.rewards_after.append(new.reward)
+        env.advantages_before.append(a_old)
+        env.advantages_after.append(a_new)
+        env.sign_flips += (a_old > 0 > a_new) or (a_old < 0 < a_new)
+        groups_before[old.rollout.group_id].append(a_old)
+        groups_after[new.rollout.group_id].append(a_new)
+        if old.model_dump() == new.model_dump():
+            result.identical += 1
+        else:
+            result.changed.append((rollout_id, a_old, a_new))
+    result.zero_signal_groups = sorted(g for g, values in groups_after.items()
+                                       if all(v == 0 for v in values) and any(v != 0 for v in groups_before[g]))
+    return result
+
+
+def _stats(values: list[float]) -> str:
+    if not values:
+        return "–"
+    spread = statistics.pstdev(values) if len(values) > 1 else 0.0
+    return f"{round(statistics.fmean(values), 3) + 0.0:+.3f} ± {spread:.3f}"  # + 0.0: no "-0.000"
+
+
+def report_markdown(comparison: Comparison, *, run: str, shadow: str, what: str, largest: int = 10) -> str:
+    """The report `rollwire replay score` prints and writes."""
+    lines = [f"# Replay of `{run}` into `{shadow}`", "", what, "",
+             f"- rollouts scored in both: {comparison.identical + len(comparison.changed)}, "
+             f"identical: {comparison.identical}, changed: {len(comparison.changed)}",
+             f"- scored only as recorded: {len(comparison.only_recorded)}; only in the replay: "
+             f"{len(comparison.only_replayed)}",
+             f"- groups that lost all signal (every advantage now 0): {len(comparison.zero_signal_groups)}"
+             + (f" — {', '.join(comparison.zero_signal_groups[:5])}" if comparison.zero_signal_groups else ""),
+             "", "| environment | rollouts | reward before | reward after | advantage before | advantage after "
+             "| sign flips |", "|---|---|---|---|---|---|---|"]
+    for name, env in sorted(comparison.environments.items()):
+        lines.append(f"| {name} | {env.rollouts} | {_stats(env.rewards_before)} | {_stats(env.rewards_after)} | "
+                     f"{_stats(env.advantages_before)} | {_stats(env.advantages_after)} | {env.sign_flips} |")
+    if comparison.changed:
+        lines += ["", f"Largest advantage changes (of {len(comparison.changed)}):", "",
+                  "| rollout | advantage before | after |", "|---|---|---|"]
+        for rollout_id, old, new in sorted(comparison.changed, key=lambda c: -abs(c[2] - c[1]))[:largest]:
+            lines.append(f"| {rollout_id} | {old:+.4f} | {new:+.4f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_advantages(comparison: Comparison, path: Path) -> Path:
+    """Histograms of the advantages before and after, one panel per environment."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    envs = sorted(comparison.environments.items()) or [("(none)", EnvironmentChange())]
+    figure, axes = plt.subplots(len(envs), 1, figsize=(7, 2.8 * len(envs) + 0.4), dpi=110, squeeze=False)
+    for axis, (name, env) in zip(axes[:, 0], envs):
+        values = env.advantages_before + env.advantages_after
+        bins: int | list[float] = 30
+        if values and min(values) < max(values):
+            low, high = min(values), max(values)
+            bins = [low + (high - low) * i / 30 for i in range(31)]
+        axis.hist(env.advantages_before, bins=bins, alpha=0.5, label="recorded")
+        axis.hist(env.advantages_after, bins=bins, alpha=0.5, label="replayed")
+        axis.set_title(f"{name}: advantages ({env.sign_flips} sign flips)")
+        axis.legend(fontsize="small")
+        axis.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+    return path
+
+
+def _records_on(log: EventLog, topic: str) -> int:
+    try:
+        return sum(log.end_offsets(topic).values())
+    except TopicError:
+        return 0
+
+
+def _refuse_target(log: EventLog, live: Topics, shadow: Topics) -> None:
+    if shadow.prefix == live.prefix:
+        raise ConfigError(f"the shadow prefix must differ from the run's own ({live.prefix!r}): "
+                          "replay never writes into a live run's topics; pick another --into")
+    if not _records_on(log, live.rollouts):
+        raise ConfigError(f"no rollouts are recorded under the prefix {live.prefix!r} on this log: check the run "
+                          "directory, or --prefix and the bus options")
+    if _records_on(log, shadow.scored):
+        raise ConfigError(f"{shadow.scored} already holds events from an earlier replay: pick another --into")
+
+
+def score_into(log: EventLog, live: Topics, shadow: Topics, scorer: GroupScorer, *,
+               algorithms: Mapping[str, str] | None = None,
+               progress: Callable[[int], None] = lambda n: None) -> Comparison:
+    """Re-scores the run recorded under `live` into the topics of `shadow` on the same log, and
+    compares the result with what the run recorded. Raises `ConfigError` before writing anything
+    when the target is the live run, already used, or the run has no rollouts."""
+    _refuse_target(log, live, shadow)
+    log.create_topics(catalog_topics(shadow))
+    producer = EventProducer(log.producer(), shadow, name="replay")
+    dead_letters = DeadLetters(producer, "replay")  # bad recorded records are reported in the shadow's deadletter
+    replayed: list[ScoredRollout] = []
+    read = 0
+
+    def counted(deliveries: Iterable[Delivery]) -> Iterator[Delivery]:
+        nonlocal read
+        for delivery in deliveries:
+            read += 1
+            if read % 1000 == 0:
+                progress(read)
+            yield delivery
+
+    try:
+        for event in rescore(counted(read_to_end(log, [live.rollouts], dead_letters)), scorer, algorithms=algorithms):
+            group_id = event.rollout.group_id if isinstance(event, ScoredRollout) else getattr(event, "group_id", None)
+            producer.send(shadow.name(route(event)), event, key=group_id)
+            if isinstance(event, ScoredRollout):
+                replayed.append(event)
+        progress(read)
+        producer.flush()
+        recorded = [d.event for d in read_to_end(log, [live.scored], dead_letters)]
+    finally:
+        producer.close()
+    return compare(recorded, replayed)

@@ -1,0 +1,120 @@
+"""`replay score` on the embedded log and a real Kafka broker: a run recorded by the live scorer,
+re-scored into a shadow prefix. Unchanged settings give the recorded events back field for field;
+another algorithm shows what would have been trained; bad targets write nothing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from builders import group_of
+
+from rollwire.bus import Beginning, EventProducer, catalog_topics
+from rollwire.errors import ConfigError
+from rollwire.schemas import Codec, Topics
+from rollwire.streams import replay
+from rollwire.streams.embedded_scorer import EmbeddedScorer
+from rollwire.streams.scoring import GroupScorer, ScorerSettings
+
+GROUPS = 10
+
+
+def recorded_run(log, topics: Topics) -> int:
+    """Publishes GROUPS groups (one with an errored rollout, arriving interleaved with the others)
+    and scores them with the live embedded scorer; returns the rollouts scored."""
+    log.create_topics(catalog_topics(topics))
+    producer = EventProducer(log.producer(), topics, name="env-worker")
+    groups = [group_of(f"g{i}", [float((i + j) % 3 == 0) for j in range(4)], lengths=[5 + i, 9, 7 + i % 2, 6],
+                       errored=(2,) if i == 3 else ()) for i in range(GROUPS)]
+    for index in (2, 0, 3, 1):  # group members interleave, out of order, as env workers finish them
+        for group in groups:
+            producer.send(topics.rollouts, group[index], key=group[0].group_id)
+    producer.close()
+    live = EmbeddedScorer(log, topics, GroupScorer(ScorerSettings()), group_id=f"{topics.prefix}-scorer", tick_s=3600)
+    try:
+        for _ in range(200):
+            if live.stats["rollout.scored"] >= 4 * GROUPS - 1:
+                break
+            live.step(timeout_s=0.2)
+    finally:
+        live.close()
+    return 4 * GROUPS - 1
+
+
+def events(log, topic: str) -> list:
+    ends = log.end_offsets(topic)
+    out = []
+    with log.reader([topic], Beginning()) as reader:
+        while len(out) < sum(ends.values()):
+            out += [Codec().decode(r.value).event for r in reader.poll_batch(1000, 2.0)]
+    return out
+
+
+def live_offsets(log, topics: Topics) -> dict:
+    return {t: log.end_offsets(topics.name(t)) for t in ("rollouts", "scored", "drops", "deadletter")}
+
+
+def test_unchanged_settings_reproduce_the_recorded_scores(log, topics):
+    scored = recorded_run(log, topics)
+    before = live_offsets(log, topics)
+    shadow = Topics(f"{topics.prefix}-shadow")
+
+    comparison = replay.score_into(log, topics, shadow, GroupScorer(ScorerSettings()))
+
+    assert comparison.unchanged and comparison.identical == scored
+    recorded = sorted((e.model_dump() for e in events(log, topics.scored)), key=lambda d: d["rollout"]["rollout_id"])
+    replayed = sorted((e.model_dump() for e in events(log, shadow.scored)), key=lambda d: d["rollout"]["rollout_id"])
+    assert replayed == recorded
+    assert [e.rollout_ids for e in events(log, shadow.drops)] == [e.rollout_ids for e in events(log, topics.drops)]
+    assert live_offsets(log, topics) == before  # nothing written to the run's topics
+
+
+def test_another_algorithm_shows_what_would_have_been_trained(log, topics):
+    recorded_run(log, topics)
+    comparison = replay.score_into(log, topics, Topics(f"{topics.prefix}-rloo"), GroupScorer(ScorerSettings()),
+                                   algorithms={"*": "rloo"})
+    assert comparison.identical == 0 and len(comparison.changed) == 4 * GROUPS - 1
+    assert {e.algorithm for e in events(log, f"{topics.prefix}-rloo.scored")} == {"rloo"}
+    report = replay.report_markdown(comparison, run=topics.prefix, shadow="x", what="rloo")
+    assert "| reverse-digits | 39 |" in report and "Largest advantage changes" in report
+
+
+def test_bad_targets_are_refused_before_anything_is_written(log, topics):
+    recorded_run(log, topics)
+    before = live_offsets(log, topics)
+    with pytest.raises(ConfigError, match="must differ from the run's own"):
+        replay.score_into(log, topics, topics, GroupScorer(ScorerSettings()))
+    with pytest.raises(ConfigError, match="no rollouts are recorded"):
+        replay.score_into(log, Topics(f"{topics.prefix}-none"), Topics(f"{topics.prefix}-x"),
+                          GroupScorer(ScorerSettings()))
+    replay.score_into(log, topics, Topics(f"{topics.prefix}-once"), GroupScorer(ScorerSettings()))
+    with pytest.raises(ConfigError, match="already holds events"):
+        replay.score_into(log, topics, Topics(f"{topics.prefix}-once"), GroupScorer(ScorerSettings()))
+    assert live_offsets(log, topics) == before
+
+
+def test_the_command_prints_and_writes_the_report(tmp_path):
+    from rollwire.bus import EmbeddedBusSettings, open_log
+    from rollwire.run.recipe import RunRecipe
+    run_dir = tmp_path / "run"
+    recipe = RunRecipe(name="rec", run_dir=run_dir, environments=[{"name": "reverse-digits"}],
+                       bus=EmbeddedBusSettings(path=run_dir / "log"))
+    run_dir.mkdir()
+    (run_dir / "recipe.json").write_text(recipe.model_dump_json())
+    with open_log(recipe.bus) as log:
+        recorded_run(log, Topics("rec"))
+
+    def replay_cli(*args):
+        return subprocess.run([sys.executable, "-m", "rollwire", "replay", "score", "--run-dir", str(run_dir), *args],
+                              capture_output=True, text=True, timeout=120)
+
+    done = replay_cli("--into", "rec-nostd", "--algorithm", "grpo-nostd")
+    assert done.returncode == 0, done.stderr
+    assert "sign flips" in done.stdout and "grpo-nostd" in done.stdout
+    assert (run_dir / "replays" / "rec-nostd" / "report.md").read_text().startswith("# Replay of `rec`")
+    assert (run_dir / "replays" / "rec-nostd" / "advantages.png").stat().st_size > 1000
+    refused = replay_cli("--into", "rec")
+    assert refused.returncode == 2 and "must differ from the run's own" in refused.stderr
+    unknown = replay_cli("--into", "rec-x", "--algorithm", "grpoo")
+    assert unknown.returncode == 2 and "grpo" in unknown.stderr
