@@ -359,7 +359,8 @@ class EnvWorker:
             timings=RolloutTimings(queued_s=max(0.0, (now_ms() - task.issued_at_ms) / 1000 - ran),
                                    inference_s=inference, environment_s=max(0.0, ran - inference),
                                    scoring_s=time.perf_counter() - judged_at))
-        return rollout, TraceRecorded(rollout_id=rollout.rollout_id, group_id=task.group_id,
+        return rollout, TraceRecorded(rollout_id=rollout.rollout_id, group_id=task.group_id, completion=answer,
+                                      finish_reason=interceptor.finish_reason,
                                       nodes=trace_nodes(interceptor, record.branches))
 
     @staticmethod

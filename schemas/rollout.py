@@ -219,6 +219,10 @@ class TraceRecorded(Event):
     """The graph, in creation order; empty when `blob` holds it."""
     blob: BlobPointer | None = None
     """Where the graph is stored when it is too large for a message; None when `nodes` holds it."""
+    completion: str = ""
+    """The answer the harness returned: the text the reward functions judged (replay judges it again)."""
+    finish_reason: str | None = None
+    """Why the rollout's last inference call stopped (`stop`, `length`, …); None without a call."""
 
 
 class ScoredRollout(Event):

@@ -12,7 +12,9 @@ what would have been trained instead. Nothing is written to the live run's topic
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import numbers
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -20,20 +22,100 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rollwire.bus import DeadLetters, EventLog, EventProducer, TopicError, catalog_topics, read_to_end
+from rollwire.bus.base import Record
 from rollwire.bus.events import Delivery
 from rollwire.errors import ConfigError
+from rollwire.producers.tasksets import RolloutView
 from rollwire.schemas.base import Event
 from rollwire.schemas.rollout import RolloutCompleted, ScoredRollout
 from rollwire.schemas.scorer import ScorerGroupState
 from rollwire.schemas.topics import Topics
 from rollwire.streams.scoring import GroupScorer, route
 
+Rewards = tuple[dict[str, float], float]
+"""A rollout's reward terms by name, and their weighted sum."""
+
+
+class RewardModule:
+    """A user's Python file of `@reward` functions (`from rollwire.producers.tasksets import reward`),
+    judging recorded rollouts again. Its rewards replace the recorded ones: the rollout's reward
+    becomes their weighted sum (keep a recorded term by defining it again in the file)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        if not path.is_file():
+            raise ConfigError(f"--reward-module {path}: no such file")
+        spec = importlib.util.spec_from_file_location(f"rollwire_rewards_{path.stem}", path)
+        if spec is None or spec.loader is None:
+            raise ConfigError(f"--reward-module {path}: not a Python file")
+        module = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            raise ConfigError(f"--reward-module {path} failed to import: {type(exc).__name__}: {exc}") from None
+        self.functions = {fn.__rollwire_reward__[0]: (fn, fn.__rollwire_reward__[1])
+                          for fn in vars(module).values() if hasattr(fn, "__rollwire_reward__")}
+        if not self.functions:
+            raise ConfigError(f"--reward-module {path} holds no reward function: decorate functions of a "
+                              "RolloutView with `@reward(\"name\", weight=1.0)` from rollwire.producers.tasksets")
+
+    def judge(self, rollout_id: str, view: RolloutView) -> Rewards:
+        rewards = {}
+        for name, (fn, _) in self.functions.items():
+            try:
+                value = fn(view)
+            except Exception as exc:
+                raise ConfigError(f"reward {name!r} of {self.path} raised {type(exc).__name__}: {exc} "
+                                  f"(on rollout {rollout_id}); nothing was written") from None
+            if not isinstance(value, numbers.Real) or not math.isfinite(value):
+                raise ConfigError(f"reward {name!r} of {self.path} returned {value!r} for rollout {rollout_id}, "
+                                  "not a finite number; nothing was written")
+            rewards[name] = float(value)
+        return rewards, sum(self.functions[n][1] * v for n, v in rewards.items())
+
+
+def judge_again(log: EventLog, live: Topics, module: RewardModule, dead_letters: DeadLetters) -> dict[str, Rewards]:
+    """New rewards for every usable recorded rollout: its task row from `tasks`, the answer the
+    harness returned from `traces`, judged by `module`. Raises `ConfigError` if any is missing."""
+    tasks = {d.event.group_id: d.event.task for d in read_to_end(log, [live.tasks], dead_letters)}
+    traces = {d.event.rollout_id: d.event for d in read_to_end(log, [live.traces], dead_letters)}
+    out: dict[str, Rewards] = {}
+    for delivery in read_to_end(log, [live.rollouts], dead_letters):
+        rollout = delivery.event
+        if rollout.error is not None:
+            continue
+        if rollout.group_id not in tasks or rollout.rollout_id not in traces:
+            missing = "task" if rollout.group_id not in tasks else "trace"
+            raise ConfigError(f"the run recorded no {missing} for rollout {rollout.rollout_id}: its rewards cannot be "
+                              "computed again (runs from before traces held the answer cannot use --reward-module)")
+        trace = traces[rollout.rollout_id]
+        view = RolloutView(task=dict(tasks[rollout.group_id]), completion=trace.completion,
+                           completion_tokens=sum(rollout.loss_mask), finish_reason=trace.finish_reason)
+        out[rollout.rollout_id] = module.judge(rollout.rollout_id, view)
+    return out
+
+
+class _HeldDeadLetters(DeadLetters):
+    """Dead letters kept in memory until the replay knows it will write anything."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.held: list[tuple[Record, BaseException | str, str]] = []
+
+    def send(self, record: Record, error: BaseException | str, *, stage: str = "process") -> None:
+        self.held.append((record, error, stage))
+        self.count += 1
+
+    def flush(self) -> None:
+        pass
+
 
 def rescore(deliveries: Iterable[Delivery], scorer: GroupScorer, *, algorithms: Mapping[str, str] | None = None,
-            tick_ms: int = 1000) -> Iterator[Event]:
+            rewards: Mapping[str, Rewards] | None = None, tick_ms: int = 1000) -> Iterator[Event]:
     """Scored and dropped events from recorded rollouts, in log order, on the recorded clock.
-    `algorithms` replaces the advantage algorithm per environment (`"*"`: every environment)."""
-    algorithms = algorithms or {}
+    `algorithms` replaces the advantage algorithm per environment (`"*"`: every environment);
+    `rewards` replaces the reward terms and total of rollouts by id."""
+    algorithms, rewards = algorithms or {}, rewards or {}
     states: dict[str, ScorerGroupState] = {}
     next_tick = None
 
@@ -58,6 +140,9 @@ def rescore(deliveries: Iterable[Delivery], scorer: GroupScorer, *, algorithms: 
         override = algorithms.get(rollout.environment, algorithms.get("*"))
         if override:
             rollout = rollout.model_copy(update={"algorithm": override})
+        if rollout.rollout_id in rewards:
+            terms, total = rewards[rollout.rollout_id]
+            rollout = rollout.model_copy(update={"rewards": terms, "reward": total})
         now = max(now, delivery.record.timestamp_ms)
         if next_tick is None or now >= next_tick:
             yield from tick(now)
@@ -205,15 +290,20 @@ def _refuse_target(log: EventLog, live: Topics, shadow: Topics) -> None:
 
 
 def score_into(log: EventLog, live: Topics, shadow: Topics, scorer: GroupScorer, *,
-               algorithms: Mapping[str, str] | None = None,
+               algorithms: Mapping[str, str] | None = None, reward_module: RewardModule | None = None,
                progress: Callable[[int], None] = lambda n: None) -> Comparison:
     """Re-scores the run recorded under `live` into the topics of `shadow` on the same log, and
     compares the result with what the run recorded. Raises `ConfigError` before writing anything
-    when the target is the live run, already used, or the run has no rollouts."""
+    when the target is the live run, already used, the run has no rollouts, or the reward module
+    fails on any of them."""
     _refuse_target(log, live, shadow)
+    held = _HeldDeadLetters()
+    rewards = judge_again(log, live, reward_module, held) if reward_module is not None else None
     log.create_topics(catalog_topics(shadow))
     producer = EventProducer(log.producer(), shadow, name="replay")
     dead_letters = DeadLetters(producer, "replay")  # bad recorded records are reported in the shadow's deadletter
+    for record, error, stage in held.held:
+        dead_letters.send(record, error, stage=stage)
     replayed: list[ScoredRollout] = []
     read = 0
 
@@ -226,7 +316,8 @@ def score_into(log: EventLog, live: Topics, shadow: Topics, scorer: GroupScorer,
             yield delivery
 
     try:
-        for event in rescore(counted(read_to_end(log, [live.rollouts], dead_letters)), scorer, algorithms=algorithms):
+        for event in rescore(counted(read_to_end(log, [live.rollouts], dead_letters)), scorer, algorithms=algorithms,
+                             rewards=rewards):
             group_id = event.rollout.group_id if isinstance(event, ScoredRollout) else getattr(event, "group_id", None)
             producer.send(shadow.name(route(event)), event, key=group_id)
             if isinstance(event, ScoredRollout):

@@ -25,6 +25,7 @@ def add_replay(sub) -> None:
                "  rollwire replay score --run-dir runs/demo --into demo-check\n"
                "  rollwire replay score --run-dir runs/demo --into demo-rloo --algorithm rloo\n"
                "  rollwire replay score --run-dir runs/demo --into demo-fixed --recipe fixed.toml\n"
+               "  rollwire replay score --run-dir runs/demo --into demo-backfill --reward-module fixed_reward.py\n"
                "  rollwire replay score --bus kafka --prefix run7 --into run7-nostd --algorithm grpo-nostd\n\n"
                "outputs: the report is printed, and written with a histogram of the advantages to\n"
                "<run-dir>/replays/<into>/ (or ./replays/<into>/ without --run-dir)")
@@ -35,6 +36,9 @@ def add_replay(sub) -> None:
                        help="a changed recipe (TOML): its [scorer] table and its environments' algorithms apply")
     score.add_argument("--algorithm", action="append", default=[], metavar="[ENV=]NAME",
                        help="advantage algorithm for every environment, or for ENV (repeatable)")
+    score.add_argument("--reward-module", type=Path, metavar="FILE.py",
+                       help="judge every rollout again with the @reward functions in this file: their weighted "
+                            "sum replaces the recorded reward (the task comes from `tasks`, the answer from `traces`)")
     score.add_argument("--report-dir", type=Path, help="where report.md and advantages.png go")
     add_bus_options(score)
     score.set_defaults(run=cmd_replay_score)
@@ -77,6 +81,9 @@ def cmd_replay_score(args: argparse.Namespace) -> int:
         settings = changed.scorer
         algorithms = {e.name: e.algorithm for e in changed.environments} | algorithms
         what = f"Scorer settings and algorithms from {args.recipe}."
+    module = replay.RewardModule(args.reward_module) if args.reward_module is not None else None
+    if module is not None:
+        what += f" Rewards judged again by {', '.join(module.functions)} from {args.reward_module}."
     if algorithms:
         what += " Algorithms: " + ", ".join(f"{env} → {name}" for env, name in sorted(algorithms.items())) + "."
     report_dir = args.report_dir or (args.run_dir or Path(".")) / "replays" / args.into
@@ -86,7 +93,7 @@ def cmd_replay_score(args: argparse.Namespace) -> int:
         with Progress(console=console, transient=True) as progress:
             task = progress.add_task("re-scoring recorded rollouts", total=total or None)
             comparison = replay.score_into(log, Topics(prefix), Topics(args.into), GroupScorer(settings),
-                                           algorithms=algorithms,
+                                           algorithms=algorithms, reward_module=module,
                                            progress=lambda n: progress.update(task, completed=n))
     report = replay.report_markdown(comparison, run=prefix, shadow=args.into, what=what)
     report_dir.mkdir(parents=True, exist_ok=True)

@@ -10,9 +10,9 @@ import sys
 import pytest
 from builders import group_of
 
-from rollwire.bus import Beginning, EventProducer, catalog_topics
+from rollwire.bus import Beginning, EventProducer, TopicError, catalog_topics
 from rollwire.errors import ConfigError
-from rollwire.schemas import Codec, Topics
+from rollwire.schemas import Codec, TaskAssigned, Topics, TraceRecorded
 from rollwire.streams import replay
 from rollwire.streams.embedded_scorer import EmbeddedScorer
 from rollwire.streams.scoring import GroupScorer, ScorerSettings
@@ -21,15 +21,24 @@ GROUPS = 10
 
 
 def recorded_run(log, topics: Topics) -> int:
-    """Publishes GROUPS groups (one with an errored rollout, arriving interleaved with the others)
-    and scores them with the live embedded scorer; returns the rollouts scored."""
+    """Publishes GROUPS groups (one with an errored rollout, arriving interleaved with the others),
+    their tasks and traces, and scores them with the live embedded scorer; returns the rollouts scored."""
     log.create_topics(catalog_topics(topics))
     producer = EventProducer(log.producer(), topics, name="env-worker")
     groups = [group_of(f"g{i}", [float((i + j) % 3 == 0) for j in range(4)], lengths=[5 + i, 9, 7 + i % 2, 6],
                        errored=(2,) if i == 3 else ()) for i in range(GROUPS)]
+    for group in groups:
+        producer.send(topics.tasks, TaskAssigned(task_id=group[0].task_id, group_id=group[0].group_id,
+                                                 environment="reverse-digits", algorithm="grpo", group_size=4,
+                                                 policy_version=0, task={"prompt": "R:12>", "answer": "21"}),
+                      key=group[0].group_id)
     for index in (2, 0, 3, 1):  # group members interleave, out of order, as env workers finish them
         for group in groups:
-            producer.send(topics.rollouts, group[index], key=group[0].group_id)
+            rollout = group[index]
+            producer.send(topics.rollouts, rollout, key=rollout.group_id)
+            answer = "21" if rollout.reward else "12"
+            producer.send(topics.traces, TraceRecorded(rollout_id=rollout.rollout_id, group_id=rollout.group_id,
+                                                       completion=answer, finish_reason="stop"), key=rollout.group_id)
     producer.close()
     live = EmbeddedScorer(log, topics, GroupScorer(ScorerSettings()), group_id=f"{topics.prefix}-scorer", tick_s=3600)
     try:
@@ -78,6 +87,50 @@ def test_another_algorithm_shows_what_would_have_been_trained(log, topics):
     assert {e.algorithm for e in events(log, f"{topics.prefix}-rloo.scored")} == {"rloo"}
     report = replay.report_markdown(comparison, run=topics.prefix, shadow="x", what="rloo")
     assert "| reverse-digits | 39 |" in report and "Largest advantage changes" in report
+
+
+INVERTED = """
+from rollwire.producers.tasksets import reward
+
+@reward("wrong_on_purpose", weight=2.0)
+def wrong(view):
+    return float(view.completion != view.task["answer"])
+"""
+
+
+def test_a_reward_module_judges_every_rollout_again(log, topics, tmp_path):
+    recorded_run(log, topics)
+    module = tmp_path / "inverted.py"
+    module.write_text(INVERTED)
+    shadow = Topics(f"{topics.prefix}-inv")
+    comparison = replay.score_into(log, topics, shadow, GroupScorer(ScorerSettings()),
+                                   reward_module=replay.RewardModule(module))
+    rescored = {e.rollout.rollout_id: e for e in events(log, shadow.scored)}
+    recorded = {e.rollout.rollout_id: e for e in events(log, topics.scored)}
+    assert rescored.keys() == recorded.keys()
+    for rollout_id, event in rescored.items():
+        assert event.rollout.rewards == {"wrong_on_purpose": 1.0 - recorded[rollout_id].rollout.rewards["exact_match"]}
+        assert event.reward == 2.0 * (1.0 - recorded[rollout_id].reward)
+    flips = sum(env.sign_flips for env in comparison.environments.values())
+    assert flips == sum(1 for e in recorded.values() if (e.advantage or 0) != 0)
+
+
+@pytest.mark.parametrize("body, error", [
+    ("@reward('r')\ndef r(view):\n    raise KeyError('answer')\n", "raised KeyError"),
+    ("@reward('r')\ndef r(view):\n    return 'abc'\n", "not a finite number"),
+    ("def r(view):\n    return 1.0\n", "holds no reward function"),
+    ("import nothing_such\n", "failed to import"),
+])
+def test_a_failing_reward_module_writes_nothing(log, topics, tmp_path, body, error):
+    recorded_run(log, topics)
+    module = tmp_path / "bad.py"
+    module.write_text("from rollwire.producers.tasksets import reward\n" + body)
+    shadow = Topics(f"{topics.prefix}-bad")
+    with pytest.raises(ConfigError, match=error):
+        replay.score_into(log, topics, shadow, GroupScorer(ScorerSettings()),
+                          reward_module=replay.RewardModule(module))
+    with pytest.raises(TopicError):
+        log.end_offsets(shadow.scored)
 
 
 def test_bad_targets_are_refused_before_anything_is_written(log, topics):
