@@ -22,15 +22,29 @@ def add_topics(sub) -> None:
 
 
 def add_tail(sub) -> None:
-    tail = sub.add_parser("tail", help="print the events of a topic as JSON lines",
-                          description="Prints decoded events (envelope and payload) from a topic. "
-                                      "Records that do not decode are printed with their error.")
+    tail = sub.add_parser("tail", help="print the events of a topic, filtered, as lines or JSON",
+                          formatter_class=argparse.RawDescriptionHelpFormatter,
+                          description="Prints decoded events from a topic: one line each, or with --json one JSON\n"
+                                      "object each (envelope and payload; bytes as base64) to pipe into jq. Records\n"
+                                      "that do not decode are printed with their error. Without --follow it stops\n"
+                                      "at the end the topic had when it started.",
+                          epilog="examples:\n"
+                                 "  rollwire tail rollouts --log-dir runs/demo/log --prefix demo --where group_id=g3\n"
+                                 "  rollwire tail scored --prefix demo --where rollout.environment=reverse-digits --json"
+                                 " | jq .event.advantage\n"
+                                 "  rollwire tail deadletter --bus kafka --prefix run7 --since 1h\n"
+                                 "  rollwire tail drops --type rollouts.dropped --where reason=stale --follow")
     tail.add_argument("topic", help="short name (rollouts) or full name (rollwire.rollouts)")
     start = tail.add_mutually_exclusive_group()
     start.add_argument("--from-beginning", action="store_true", help="start at the first record (default)")
     start.add_argument("--since", metavar="AGE", help="start at records newer than AGE, e.g. 90s, 10m, 2h")
     tail.add_argument("--limit", type=int, default=None, help="stop after N events")
     tail.add_argument("--follow", action="store_true", help="keep waiting for new events (Ctrl-C stops)")
+    tail.add_argument("--type", action="append", default=[], metavar="TYPE",
+                      help="only events of this type tag, e.g. rollout.completed (repeatable)")
+    tail.add_argument("--where", action="append", default=[], metavar="FIELD=VALUE",
+                      help="only events whose payload FIELD (dotted: rollout.group_id) equals VALUE (repeatable)")
+    tail.add_argument("--json", action="store_true", help="one JSON object a line (envelope and payload)")
     add_bus_options(tail)
     tail.set_defaults(run=cmd_tail)
 
@@ -67,33 +81,94 @@ def cmd_topics(args: argparse.Namespace) -> int:
     return 0
 
 
+def _where(values: list[str]) -> list[tuple[list[str], str]]:
+    out = []
+    for value in values:
+        field, sep, expected = value.partition("=")
+        if not sep or not field:
+            raise SystemExit(f"rollwire: --where {value!r} is not FIELD=VALUE, e.g. --where rollout.group_id=g3")
+        out.append((field.split("."), expected))
+    return out
+
+
+def _matches(payload: dict, conditions: list[tuple[list[str], str]]) -> bool:
+    for path, expected in conditions:
+        value: object = payload
+        for part in path:
+            value = value.get(part) if isinstance(value, dict) else None
+        if value is None and expected not in ("None", "null"):
+            return False
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            if str(value) != expected and json.dumps(value) != expected:
+                return False
+            continue
+        try:
+            if float(expected) != float(value):
+                return False
+        except ValueError:
+            return False
+    return True
+
+
+def _summary(line: dict, width: int) -> str:
+    where = f"p{line['partition']}@{line['offset']}"
+    if "tombstone" in line:
+        return f"{where:<10} tombstone key={line['tombstone']}"
+    if "error" in line:
+        return f"{where:<10} undecodable ({line['size']} B): {line['error']}"
+    fields = [(k, v) for k, v in line["event"].items() if k != "type"]  # scalars first: they fit the line
+    body = json.dumps(dict(sorted(fields, key=lambda kv: isinstance(kv[1], dict | list))), separators=(",", ":"))
+    text = f"{where:<10} {line['type']:<22} {body}"
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 def cmd_tail(args: argparse.Namespace) -> int:
+    import shutil
+
     from rollwire.bus import AtTime, Beginning, open_log
     from rollwire.schemas import Codec, SchemaError
     topic = args.topic if "." in args.topic else f"{args.prefix}.{args.topic}"
     start = AtTime(time.time_ns() // 1_000_000 - _age_ms(args.since)) if args.since else Beginning()
+    conditions, types = _where(args.where), set(args.type)
+    width = shutil.get_terminal_size((160, 24)).columns
     codec, printed = Codec(), 0
-    with open_log(bus_settings(args)) as log, log.reader([topic], start) as reader:
-        try:
-            while args.limit is None or printed < args.limit:
-                batch = reader.poll_batch(100, 1.0)
-                if not batch and not args.follow:
-                    break
-                for record in batch[: None if args.limit is None else args.limit - printed]:
-                    line: dict[str, object] = {"partition": record.partition, "offset": record.offset}
-                    if record.value is None:
-                        print(json.dumps(line | {"tombstone": (record.key or b"").decode("utf-8", "replace")}))
+    with open_log(bus_settings(args)) as log:
+        ends = log.end_offsets(topic)
+        reached: dict[int, int] = {}  # partition -> offset after the last record read
+        with log.reader([topic], start) as reader:
+            try:
+                quiet_since = time.monotonic()
+                while args.limit is None or printed < args.limit:
+                    batch = reader.poll_batch(100, 1.0)
+                    if batch:
+                        quiet_since = time.monotonic()
+                    elif not args.follow and (isinstance(start, AtTime) or time.monotonic() - quiet_since > 5):
+                        # Read from the beginning, the end offsets seen at start end the read (below);
+                        # with --since a partition may hold nothing newer, and a compacted topic may
+                        # have lost its last offsets, so a quiet log ends it too.
+                        break
+                    for record in batch:
+                        reached[record.partition] = max(reached.get(record.partition, 0), record.offset + 1)
+                        if args.limit is not None and printed >= args.limit:
+                            break
+                        line: dict[str, object] = {"partition": record.partition, "offset": record.offset}
+                        if record.value is None:
+                            line["tombstone"] = (record.key or b"").decode("utf-8", "replace")
+                        else:
+                            try:
+                                env = codec.decode(record.value)
+                                line |= {"type": env.type, "event_id": env.event_id, "producer": env.producer,
+                                         "produced_at_ms": env.produced_at_ms,
+                                         "event": env.event.model_dump(mode="json")}
+                            except SchemaError as exc:
+                                line |= {"error": f"{type(exc).__name__}: {exc}", "size": len(record.value)}
+                        if (types or conditions) and ("event" not in line or (types and line["type"] not in types)
+                                                      or not _matches(line["event"], conditions)):  # type: ignore[arg-type]
+                            continue
+                        print(json.dumps(line) if args.json else _summary(line, width), flush=True)
                         printed += 1
-                        continue
-                    try:
-                        env = codec.decode(record.value)
-                        line |= {"type": env.type, "event_id": env.event_id, "producer": env.producer,
-                                 "produced_at_ms": env.produced_at_ms,
-                                 "event": env.event.model_dump(mode="json")}
-                    except SchemaError as exc:
-                        line |= {"error": f"{type(exc).__name__}: {exc}", "size": len(record.value)}
-                    print(json.dumps(line), flush=True)
-                    printed += 1
-        except KeyboardInterrupt:
-            pass
+                    if not args.follow and all(reached.get(p, 0) >= end for p, end in ends.items()):
+                        break
+            except KeyboardInterrupt:
+                pass
     return 0

@@ -40,13 +40,37 @@ def test_topics_create_then_tail_prints_events_and_undecodable_records(tmp_path)
     raw.send(topics.rollouts, b"junk", key=b"group-1")
     raw.close()
 
-    tailed = rollwire("tail", "rollouts", "--log-dir", str(log_dir), "--prefix", "demo")
+    tailed = rollwire("tail", "rollouts", "--log-dir", str(log_dir), "--prefix", "demo", "--json")
 
     assert tailed.returncode == 0, tailed.stderr
     lines = [json.loads(line) for line in tailed.stdout.splitlines()]
     assert lines[0]["type"] == "rollout.completed"
     assert lines[0]["event"]["rollout_id"] == "rollout-1"
     assert lines[1]["error"].startswith("CorruptEventError")
+
+
+def test_tail_filters_by_type_and_field_and_prints_lines_or_json(tmp_path):
+    log_dir = tmp_path / "log"
+    log = EmbeddedLog(log_dir)
+    topics = Topics("demo")
+    log.create_topics(catalog_topics(topics))
+    producer = EventProducer(log.producer(), topics, name="test")
+    for i in range(3):
+        producer.send(topics.rollouts, rollout(rollout_id=f"r{i}", group_id=f"g{i % 2}", reward=float(i)), key="k")
+    producer.close()
+
+    def tail(*args):
+        done = rollwire("tail", "rollouts", "--log-dir", str(log_dir), "--prefix", "demo", *args)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.splitlines()
+
+    assert [json.loads(x)["event"]["rollout_id"] for x in tail("--where", "group_id=g0", "--json")] == ["r0", "r2"]
+    assert [json.loads(x)["event"]["rollout_id"] for x in tail("--where", "reward=1", "--json")] == ["r1"]
+    assert tail("--type", "rollout.scored") == []
+    lines = tail("--type", "rollout.completed", "--limit", "2")
+    assert len(lines) == 2 and lines[0].startswith("p") and "rollout.completed" in lines[0] and '"rollout_id":"r0"' in lines[0]
+    bad = rollwire("tail", "rollouts", "--log-dir", str(log_dir), "--prefix", "demo", "--where", "reward")
+    assert bad.returncode != 0 and "FIELD=VALUE" in bad.stderr
 
 
 def test_errors_name_the_fix_and_exit_nonzero(tmp_path):
