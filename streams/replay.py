@@ -21,8 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rollwire.bus import DeadLetters, EventLog, EventProducer, TopicError, catalog_topics, read_to_end
-from rollwire.bus.base import Record
+from rollwire.bus import DeadLetters, EventLog, EventProducer, HeldDeadLetters, TopicError, catalog_topics, read_to_end
 from rollwire.bus.events import Delivery
 from rollwire.errors import ConfigError
 from rollwire.producers.tasksets import RolloutView
@@ -93,21 +92,6 @@ def judge_again(log: EventLog, live: Topics, module: RewardModule, dead_letters:
                            completion_tokens=sum(rollout.loss_mask), finish_reason=trace.finish_reason)
         out[rollout.rollout_id] = module.judge(rollout.rollout_id, view)
     return out
-
-
-class _HeldDeadLetters(DeadLetters):
-    """Dead letters kept in memory until the replay knows it will write anything."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.held: list[tuple[Record, BaseException | str, str]] = []
-
-    def send(self, record: Record, error: BaseException | str, *, stage: str = "process") -> None:
-        self.held.append((record, error, stage))
-        self.count += 1
-
-    def flush(self) -> None:
-        pass
 
 
 def rescore(deliveries: Iterable[Delivery], scorer: GroupScorer, *, algorithms: Mapping[str, str] | None = None,
@@ -297,13 +281,12 @@ def score_into(log: EventLog, live: Topics, shadow: Topics, scorer: GroupScorer,
     when the target is the live run, already used, the run has no rollouts, or the reward module
     fails on any of them."""
     _refuse_target(log, live, shadow)
-    held = _HeldDeadLetters()
+    held = HeldDeadLetters("replay")
     rewards = judge_again(log, live, reward_module, held) if reward_module is not None else None
     log.create_topics(catalog_topics(shadow))
     producer = EventProducer(log.producer(), shadow, name="replay")
     dead_letters = DeadLetters(producer, "replay")  # bad recorded records are reported in the shadow's deadletter
-    for record, error, stage in held.held:
-        dead_letters.send(record, error, stage=stage)
+    held.release(dead_letters)
     replayed: list[ScoredRollout] = []
     read = 0
 

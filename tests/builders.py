@@ -19,6 +19,7 @@ from rollwire.schemas import (
     ScorerTick,
     Staleness,
     TaskAssigned,
+    Topics,
     TraceNode,
     TraceRecorded,
     TrainStepCompleted,
@@ -157,3 +158,38 @@ def big_trace(rollout_id: str = "g-0", tokens: int = 4000) -> TraceRecorded:
     nodes = [TraceNode(node_id=0, kind="message", role="user", content="reverse 12"),
              TraceNode(node_id=1, parent_id=0, kind="llm_call", call=call)]
     return TraceRecorded(rollout_id=rollout_id, group_id="g", nodes=nodes)
+
+
+def record_scored_run(log, topics: Topics, groups: int = 10) -> int:
+    """A small recorded run on `log`: `groups` groups of 4 (group 3 with an errored rollout),
+    members interleaved and out of order as env workers finish them, with their tasks and traces,
+    scored by the live embedded scorer. Returns the rollouts scored."""
+    from rollwire.bus import EventProducer, catalog_topics
+    from rollwire.streams.embedded_scorer import EmbeddedScorer
+    from rollwire.streams.scoring import GroupScorer, ScorerSettings
+    log.create_topics(catalog_topics(topics))
+    producer = EventProducer(log.producer(), topics, name="env-worker")
+    made = [group_of(f"g{i}", [float((i + j) % 3 == 0) for j in range(4)], lengths=[5 + i, 9, 7 + i % 2, 6],
+                     errored=(2,) if i == 3 else ()) for i in range(groups)]
+    for group in made:
+        producer.send(topics.tasks, TaskAssigned(task_id=group[0].task_id, group_id=group[0].group_id,
+                                                 environment="reverse-digits", algorithm="grpo", group_size=4,
+                                                 policy_version=0, task={"prompt": "R:12>", "answer": "21"}),
+                      key=group[0].group_id)
+    for index in (2, 0, 3, 1):  # group members interleave, out of order, as env workers finish them
+        for group in made:
+            rollout = group[index]
+            producer.send(topics.rollouts, rollout, key=rollout.group_id)
+            answer = "21" if rollout.reward else "12"
+            producer.send(topics.traces, TraceRecorded(rollout_id=rollout.rollout_id, group_id=rollout.group_id,
+                                                       completion=answer, finish_reason="stop"), key=rollout.group_id)
+    producer.close()
+    live = EmbeddedScorer(log, topics, GroupScorer(ScorerSettings()), group_id=f"{topics.prefix}-scorer", tick_s=3600)
+    try:
+        for _ in range(200):
+            if live.stats["rollout.scored"] >= 4 * groups - 1:
+                break
+            live.step(timeout_s=0.2)
+    finally:
+        live.close()
+    return 4 * groups - 1

@@ -125,6 +125,27 @@ class DeadLetters:
         self._producer.flush()
 
 
+class HeldDeadLetters(DeadLetters):
+    """For readers that must not write (inspection, or a replay that has not yet decided to): the
+    records they cannot decode are kept here, to show or to send later with `release`."""
+
+    def __init__(self, component: str = "reader") -> None:
+        self.component, self.count = component, 0
+        self.held: list[tuple[Record, BaseException | str, str]] = []
+
+    def send(self, record: Record, error: BaseException | str, *, stage: str = "process") -> None:
+        self.held.append((record, error, stage))
+        self.count += 1
+
+    def flush(self) -> None:
+        pass
+
+    def release(self, to: DeadLetters) -> None:
+        for record, error, stage in self.held:
+            to.send(record, error, stage=stage)
+        self.held = []
+
+
 class EventConsumer:
     """Polls records and yields decoded events; undecodable records go to the dead-letter topic."""
 

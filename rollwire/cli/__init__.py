@@ -8,6 +8,7 @@ what the subcommand needs (so `rollwire --help` never loads Kafka, torch or vLLM
     evaluate.py   eval
     run.py        run (the whole loop from a recipe)
     replay.py     replay score (re-score a recorded run into shadow topics)
+    inspect.py    inspect rollout, inspect step (one rollout's or step's story from the events)
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import argparse
 import logging
 import sys
 
-from rollwire.cli import evaluate, logs, producers, replay, run, services
+from rollwire.cli import evaluate, inspect, logs, producers, replay, run, services
 
 DESCRIPTION = """\
 rollwire: asynchronous RL post-training for LLMs, as an event-sourced streaming system.
@@ -35,6 +36,7 @@ examples:
   rollwire score --bus kafka --config scorer.toml   a faust worker of the group scorer
   rollwire inference --model runs/demo/base --port 8000   a vLLM replica following the weights topic
   rollwire replay score --run-dir runs/demo --into demo-rloo --algorithm rloo   what RLOO would have trained
+  rollwire inspect rollout g7-0 --run-dir runs/demo   one rollout's story: text, versions, reward, fate
 
 Run `rollwire COMMAND --help` for the options of each command.
 """
@@ -52,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in (run.add_run, logs.add_topics, logs.add_tail, producers.add_dispatch, producers.add_env_worker,
                 services.add_score, services.add_inference, services.add_train, evaluate.add_evaluate,
-                replay.add_replay):
+                replay.add_replay, inspect.add_inspect):
         add(sub)
     return parser
 

@@ -49,6 +49,27 @@ def store_settings(args: argparse.Namespace):
     return LocalStoreSettings(root=args.store_dir)
 
 
+def add_run_options(parser: argparse.ArgumentParser) -> None:
+    """`--run-dir`, or the event-log options, to name a recorded run."""
+    parser.add_argument("--run-dir", type=Path,
+                        help="the run's directory: its recipe.json names the log and the prefix (otherwise the "
+                             "event-log options below do)")
+    add_bus_options(parser)
+
+
+def recorded_run(args: argparse.Namespace):
+    """(the run's recipe or None, its event-log settings, its topic prefix) from `add_run_options`."""
+    if args.run_dir is None:
+        return None, bus_settings(args), args.prefix
+    from rollwire.errors import ConfigError
+    from rollwire.run.recipe import RunRecipe
+    path = args.run_dir / "recipe.json"
+    if not path.is_file():
+        raise ConfigError(f"{args.run_dir} holds no recipe.json: give the directory of a run `rollwire run` made")
+    recipe = RunRecipe.model_validate_json(path.read_text())
+    return recipe, recipe.bus, recipe.topic_prefix
+
+
 def config_table(path: Path | None, table: str, command: str) -> dict:
     """The `[table]` of the TOML file given with --config (empty without a file); a file that
     cannot be read or parsed ends the command with a message naming it."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rollwire.cli.options import add_bus_options, bus_settings
+from rollwire.cli.options import add_run_options, recorded_run
 
 
 def add_replay(sub) -> None:
@@ -29,8 +29,6 @@ def add_replay(sub) -> None:
                "  rollwire replay score --bus kafka --prefix run7 --into run7-nostd --algorithm grpo-nostd\n\n"
                "outputs: the report is printed, and written with a histogram of the advantages to\n"
                "<run-dir>/replays/<into>/ (or ./replays/<into>/ without --run-dir)")
-    score.add_argument("--run-dir", type=Path,
-                       help="the run's directory: its recipe.json names the log, the prefix and the scorer settings")
     score.add_argument("--into", required=True, metavar="PREFIX", help="shadow topic prefix to write (never the run's)")
     score.add_argument("--recipe", type=Path,
                        help="a changed recipe (TOML): its [scorer] table and its environments' algorithms apply")
@@ -40,7 +38,7 @@ def add_replay(sub) -> None:
                        help="judge every rollout again with the @reward functions in this file: their weighted "
                             "sum replaces the recorded reward (the task comes from `tasks`, the answer from `traces`)")
     score.add_argument("--report-dir", type=Path, help="where report.md and advantages.png go")
-    add_bus_options(score)
+    add_run_options(score)
     score.set_defaults(run=cmd_replay_score)
 
 
@@ -59,21 +57,13 @@ def cmd_replay_score(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
     from rollwire.bus import open_log
-    from rollwire.errors import ConfigError
     from rollwire.schemas.topics import Topics
     from rollwire.streams import replay
     from rollwire.streams.scoring import GroupScorer, ScorerSettings
 
     algorithms = _algorithms(args.algorithm)
-    if args.run_dir is not None:
-        from rollwire.run.recipe import RunRecipe
-        recorded = args.run_dir / "recipe.json"
-        if not recorded.is_file():
-            raise ConfigError(f"{args.run_dir} holds no recipe.json: give the directory of a run `rollwire run` made")
-        run = RunRecipe.model_validate_json(recorded.read_text())
-        settings, prefix, log_settings = run.scorer, run.topic_prefix, run.bus
-    else:
-        settings, prefix, log_settings = ScorerSettings(), args.prefix, bus_settings(args)
+    run, log_settings, prefix = recorded_run(args)
+    settings = run.scorer if run is not None else ScorerSettings()
     what = "Recorded settings."
     if args.recipe is not None:
         from rollwire.run.recipe import load_recipe

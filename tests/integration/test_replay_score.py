@@ -8,47 +8,15 @@ import subprocess
 import sys
 
 import pytest
-from builders import group_of
+from builders import record_scored_run
 
-from rollwire.bus import Beginning, EventProducer, TopicError, catalog_topics
+from rollwire.bus import Beginning, TopicError
 from rollwire.errors import ConfigError
-from rollwire.schemas import Codec, TaskAssigned, Topics, TraceRecorded
+from rollwire.schemas import Codec, Topics
 from rollwire.streams import replay
-from rollwire.streams.embedded_scorer import EmbeddedScorer
 from rollwire.streams.scoring import GroupScorer, ScorerSettings
 
 GROUPS = 10
-
-
-def recorded_run(log, topics: Topics) -> int:
-    """Publishes GROUPS groups (one with an errored rollout, arriving interleaved with the others),
-    their tasks and traces, and scores them with the live embedded scorer; returns the rollouts scored."""
-    log.create_topics(catalog_topics(topics))
-    producer = EventProducer(log.producer(), topics, name="env-worker")
-    groups = [group_of(f"g{i}", [float((i + j) % 3 == 0) for j in range(4)], lengths=[5 + i, 9, 7 + i % 2, 6],
-                       errored=(2,) if i == 3 else ()) for i in range(GROUPS)]
-    for group in groups:
-        producer.send(topics.tasks, TaskAssigned(task_id=group[0].task_id, group_id=group[0].group_id,
-                                                 environment="reverse-digits", algorithm="grpo", group_size=4,
-                                                 policy_version=0, task={"prompt": "R:12>", "answer": "21"}),
-                      key=group[0].group_id)
-    for index in (2, 0, 3, 1):  # group members interleave, out of order, as env workers finish them
-        for group in groups:
-            rollout = group[index]
-            producer.send(topics.rollouts, rollout, key=rollout.group_id)
-            answer = "21" if rollout.reward else "12"
-            producer.send(topics.traces, TraceRecorded(rollout_id=rollout.rollout_id, group_id=rollout.group_id,
-                                                       completion=answer, finish_reason="stop"), key=rollout.group_id)
-    producer.close()
-    live = EmbeddedScorer(log, topics, GroupScorer(ScorerSettings()), group_id=f"{topics.prefix}-scorer", tick_s=3600)
-    try:
-        for _ in range(200):
-            if live.stats["rollout.scored"] >= 4 * GROUPS - 1:
-                break
-            live.step(timeout_s=0.2)
-    finally:
-        live.close()
-    return 4 * GROUPS - 1
 
 
 def events(log, topic: str) -> list:
@@ -65,7 +33,7 @@ def live_offsets(log, topics: Topics) -> dict:
 
 
 def test_unchanged_settings_reproduce_the_recorded_scores(log, topics):
-    scored = recorded_run(log, topics)
+    scored = record_scored_run(log, topics)
     before = live_offsets(log, topics)
     shadow = Topics(f"{topics.prefix}-shadow")
 
@@ -80,7 +48,7 @@ def test_unchanged_settings_reproduce_the_recorded_scores(log, topics):
 
 
 def test_another_algorithm_shows_what_would_have_been_trained(log, topics):
-    recorded_run(log, topics)
+    record_scored_run(log, topics)
     comparison = replay.score_into(log, topics, Topics(f"{topics.prefix}-rloo"), GroupScorer(ScorerSettings()),
                                    algorithms={"*": "rloo"})
     assert comparison.identical == 0 and len(comparison.changed) == 4 * GROUPS - 1
@@ -99,7 +67,7 @@ def wrong(view):
 
 
 def test_a_reward_module_judges_every_rollout_again(log, topics, tmp_path):
-    recorded_run(log, topics)
+    record_scored_run(log, topics)
     module = tmp_path / "inverted.py"
     module.write_text(INVERTED)
     shadow = Topics(f"{topics.prefix}-inv")
@@ -122,7 +90,7 @@ def test_a_reward_module_judges_every_rollout_again(log, topics, tmp_path):
     ("import nothing_such\n", "failed to import"),
 ])
 def test_a_failing_reward_module_writes_nothing(log, topics, tmp_path, body, error):
-    recorded_run(log, topics)
+    record_scored_run(log, topics)
     module = tmp_path / "bad.py"
     module.write_text("from rollwire.producers.tasksets import reward\n" + body)
     shadow = Topics(f"{topics.prefix}-bad")
@@ -134,7 +102,7 @@ def test_a_failing_reward_module_writes_nothing(log, topics, tmp_path, body, err
 
 
 def test_bad_targets_are_refused_before_anything_is_written(log, topics):
-    recorded_run(log, topics)
+    record_scored_run(log, topics)
     before = live_offsets(log, topics)
     with pytest.raises(ConfigError, match="must differ from the run's own"):
         replay.score_into(log, topics, topics, GroupScorer(ScorerSettings()))
@@ -156,7 +124,7 @@ def test_the_command_prints_and_writes_the_report(tmp_path):
     run_dir.mkdir()
     (run_dir / "recipe.json").write_text(recipe.model_dump_json())
     with open_log(recipe.bus) as log:
-        recorded_run(log, Topics("rec"))
+        record_scored_run(log, Topics("rec"))
 
     def replay_cli(*args):
         return subprocess.run([sys.executable, "-m", "rollwire", "replay", "score", "--run-dir", str(run_dir), *args],
