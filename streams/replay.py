@@ -12,6 +12,7 @@ what would have been trained instead. Nothing is written to the live run's topic
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import math
 import numbers
@@ -111,10 +112,9 @@ def rescore(deliveries: Iterable[Delivery], scorer: GroupScorer, *, algorithms: 
                 states[group_id] = step.state
         yield from step.events
 
-    def tick(now: int) -> Iterator[Event]:
+    def tick(now: int) -> Iterator[Event]:  # times out open groups, forgets closed ones (memory stays bounded)
         for group_id, state in list(states.items()):
-            if state.closed_at_ms is None:
-                yield from apply(group_id, scorer.on_tick(state, now=now))
+            yield from apply(group_id, scorer.on_tick(state, now=now))
 
     now = 0
     for delivery in deliveries:
@@ -173,9 +173,31 @@ def _advantage(event: ScoredRollout) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def compare(recorded: Iterable[ScoredRollout], replayed: Iterable[ScoredRollout]) -> Comparison:
-    before = {e.rollout.rollout_id: e for e in recorded}  # a redelivered group: the last one counts
-    after = {e.rollout.rollout_id: e for e in replayed}
+@dataclass(frozen=True)
+class Summary:
+    """What the comparison keeps of one scored event (a few dozen bytes, not the event)."""
+
+    environment: str
+    group_id: str
+    reward: float
+    advantage: float
+    digest: bytes
+    """Of every field of the event: equal digests, equal events."""
+
+    @classmethod
+    def of(cls, event: ScoredRollout) -> Summary:
+        return cls(event.rollout.environment, event.rollout.group_id, event.reward, _advantage(event),
+                   hashlib.blake2b(event.model_dump_json().encode(), digest_size=16).digest())
+
+
+def compare(recorded: Iterable[ScoredRollout | tuple[str, Summary]],
+            replayed: Iterable[ScoredRollout | tuple[str, Summary]]) -> Comparison:
+    """Recorded against replayed scored events (or `(rollout id, Summary)` pairs), by rollout id; a
+    group scored twice as recorded (at-least-once) counts once, its last scoring."""
+    def by_id(items: Iterable[ScoredRollout | tuple[str, Summary]]) -> dict[str, Summary]:
+        return dict(item if isinstance(item, tuple) else (item.rollout.rollout_id, Summary.of(item)) for item in items)
+
+    before, after = by_id(recorded), by_id(replayed)
     result = Comparison()
     result.only_recorded = sorted(before.keys() - after.keys())
     result.only_replayed = sorted(after.keys() - before.keys())
@@ -183,17 +205,17 @@ def compare(recorded: Iterable[ScoredRollout], replayed: Iterable[ScoredRollout]
     groups_after: dict[str, list[float]] = defaultdict(list)
     for rollout_id in sorted(before.keys() & after.keys()):
         old, new = before[rollout_id], after[rollout_id]
-        a_old, a_new = _advantage(old), _advantage(new)
-        env = result.environments[old.rollout.environment]
+        a_old, a_new = old.advantage, new.advantage
+        env = result.environments[old.environment]
         env.rollouts += 1
         env.rewards_before.append(old.reward)
         env.rewards_after.append(new.reward)
         env.advantages_before.append(a_old)
         env.advantages_after.append(a_new)
         env.sign_flips += (a_old > 0 > a_new) or (a_old < 0 < a_new)
-        groups_before[old.rollout.group_id].append(a_old)
-        groups_after[new.rollout.group_id].append(a_new)
-        if old.model_dump() == new.model_dump():
+        groups_before[old.group_id].append(a_old)
+        groups_after[new.group_id].append(a_new)
+        if old.digest == new.digest:
             result.identical += 1
         else:
             result.changed.append((rollout_id, a_old, a_new))
@@ -287,7 +309,7 @@ def score_into(log: EventLog, live: Topics, shadow: Topics, scorer: GroupScorer,
     producer = EventProducer(log.producer(), shadow, name="replay")
     dead_letters = DeadLetters(producer, "replay")  # bad recorded records are reported in the shadow's deadletter
     held.release(dead_letters)
-    replayed: list[ScoredRollout] = []
+    replayed: list[tuple[str, Summary]] = []  # summaries, not events: memory a few dozen bytes a rollout
     read = 0
 
     def counted(deliveries: Iterable[Delivery]) -> Iterator[Delivery]:
@@ -304,10 +326,10 @@ def score_into(log: EventLog, live: Topics, shadow: Topics, scorer: GroupScorer,
             group_id = event.rollout.group_id if isinstance(event, ScoredRollout) else getattr(event, "group_id", None)
             producer.send(shadow.name(route(event)), event, key=group_id)
             if isinstance(event, ScoredRollout):
-                replayed.append(event)
+                replayed.append((event.rollout.rollout_id, Summary.of(event)))
         progress(read)
         producer.flush()
-        recorded = [d.event for d in read_to_end(log, [live.scored], dead_letters)]
+        recorded = [(d.event.rollout.rollout_id, Summary.of(d.event)) for d in read_to_end(log, [live.scored], dead_letters)]
     finally:
         producer.close()
     return compare(recorded, replayed)
