@@ -24,10 +24,14 @@ from __future__ import annotations
 import collections
 import logging
 import time
+from collections.abc import Iterable, Iterator
 
 from rollwire.bus import DeadLetters, EventConsumer, EventLog, EventProducer
+from rollwire.bus.base import Record
 from rollwire.bus.partitioner import partition_for
+from rollwire.schemas.base import Event
 from rollwire.schemas.envelope import Codec
+from rollwire.schemas.errors import SchemaError
 from rollwire.schemas.scorer import ScorerGroupState
 from rollwire.schemas.topics import Topics
 from rollwire.streams import group_changelog
@@ -55,11 +59,21 @@ class EmbeddedScorer:
 
     def _restore(self, owned: frozenset[int]) -> None:
         """Rebuilds every group on the partitions this process now owns from the changelog."""
-        records = self.log.latest_per_key(self.state_topic).values()
         self.states = group_changelog.restore(
-            (self._codec.decode(r.value).event for r in records if r.value),
+            self._decoded(self.log.latest_per_key(self.state_topic).values()),
             owns=lambda group_id: partition_for(group_id.encode(), self.partitions) in owned)
         logger.info("scorer owns rollout partitions %s: restored %d groups", sorted(owned), len(self.states))
+
+    def _decoded(self, records: Iterable[Record]) -> Iterator[Event]:
+        """The changelog's events; a record that does not decode is dead-lettered, and its group
+        (or rollout) is restored without it."""
+        for record in records:
+            if not record.value:
+                continue
+            try:
+                yield self._codec.decode(record.value).event
+            except SchemaError as exc:
+                self.consumer.dead_letters.send(record, exc, stage="decode")
 
     def step(self, timeout_s: float = 0.5) -> int:
         """One pass of the commit protocol; returns the rollouts read."""

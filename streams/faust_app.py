@@ -135,14 +135,27 @@ def build_app(settings: FaustScorerSettings, scorer_settings: ScorerSettings, *,
         if step.changed:
             held[group_id] = step.state
 
+    def stored(key: bytes):
+        """The table's event under `key`; a value that does not decode is logged and forgotten
+        (faust keeps no offset for table values, so there is no record to dead-letter)."""
+        data = groups.get(key)
+        if not data:
+            return None
+        try:
+            return codec.decode(data).event
+        except SchemaError as exc:
+            logger.error("scorer-state value under %r does not decode, forgetting it: %s", key, exc)
+            groups.pop(key, None)
+            return None
+
     def state_of(group_id: str) -> ScorerGroupState | None:
         if group_id not in held:
-            data = groups.get(group_id.encode())
-            group = codec.decode(data).event if data else None
-            if group is not None:
+            group = stored(group_id.encode())
+            if isinstance(group, ScorerGroupState):
                 keys = (group_changelog.rollout_key(group_id, i).encode() for i in range(group.group_size))
-                group = group_changelog.assemble(group, [codec.decode(groups[k]).event.rollout for k in keys if k in groups])
-            held[group_id] = group
+                records = [stored(k) for k in keys if k in groups]
+                group = group_changelog.assemble(group, [r.rollout for r in records if r is not None])
+            held[group_id] = group if isinstance(group, ScorerGroupState) else None
         return held[group_id]
 
     @app.agent(app.topic(topics.rollouts, topics.name("scorer-ticks"), **raw), concurrency=1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import time
 
 from builders import group_of
 
@@ -89,3 +90,30 @@ def test_rollout_records_of_a_closed_group_are_ignored_and_removed_when_it_is_fo
     forget = GroupScorer(ScorerSettings(retain_closed_s=0)).on_tick(closed, now=10)
     keys = [k for k, v in group_changelog.writes("g", closed, forget) if v is None]
     assert keys == ["g", group_changelog.rollout_key("g", 0), group_changelog.rollout_key("g", 1)]
+
+
+def test_a_changelog_record_that_does_not_decode_is_dead_lettered_and_the_rest_restored(tmp_path):
+    from rollwire.bus import Beginning, EmbeddedBusSettings, EventProducer, catalog_topics, open_log
+    from rollwire.schemas import Topics
+    from rollwire.streams.embedded_scorer import EmbeddedScorer
+    log, topics = open_log(EmbeddedBusSettings(path=tmp_path / "log")), Topics("cl")
+    log.create_topics(catalog_topics(topics))
+    scorer = GroupScorer(ScorerSettings())
+    started = int(time.time() * 1000)  # the service's first tick must not time the group out
+    *_, (states, latest, _) = run_through(scorer, group_of("g", [1, 0, 1, 0])[:2], now_of=lambda i: started + i)
+    producer = EventProducer(log.producer(), topics, name="test")
+    for key, value in latest.items():
+        producer.send(topics.name("scorer-state"), codec.decode(value).event, key=key)
+    producer.close()
+    with log.producer() as raw:
+        raw.send(topics.name("scorer-state"), b"\xc1 garbage", key=b"h")
+        raw.flush()
+
+    service = EmbeddedScorer(log, topics, scorer)
+    service.step(timeout_s=0.5)
+    assert service.states == states
+    with log.reader([topics.deadletter], Beginning()) as reader:
+        letters = [codec.decode(r.value).event for r in reader.poll_batch(10, 2.0)]
+    assert [(d.source_topic, d.key) for d in letters] == [("cl.scorer-state", b"h")]
+    service.close()
+    log.close()
