@@ -22,11 +22,23 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rollwire.bus import DeadLetters, EventLog, EventProducer, HeldDeadLetters, TopicError, catalog_topics, read_to_end
-from rollwire.bus.events import Delivery
+import msgpack
+
+from rollwire.bus import (
+    DeadLetters,
+    EventLog,
+    EventProducer,
+    HeldDeadLetters,
+    TopicError,
+    catalog_topics,
+    read_to_end,
+    records_to_end,
+)
+from rollwire.bus.events import Delivery, decoded
 from rollwire.errors import ConfigError
 from rollwire.producers.tasksets import RolloutView
 from rollwire.schemas.base import Event
+from rollwire.schemas.envelope import Codec
 from rollwire.schemas.rollout import RolloutCompleted, ScoredRollout
 from rollwire.schemas.scorer import ScorerGroupState
 from rollwire.schemas.topics import Topics
@@ -186,8 +198,40 @@ class Summary:
 
     @classmethod
     def of(cls, event: ScoredRollout) -> Summary:
-        return cls(event.rollout.environment, event.rollout.group_id, event.reward, _advantage(event),
-                   hashlib.blake2b(event.model_dump_json().encode(), digest_size=16).digest())
+        return cls.of_payload(event.model_dump(mode="python"))
+
+    @classmethod
+    def of_payload(cls, payload: dict) -> Summary:
+        """From the payload map an envelope carries (what `Codec.encode` packs), so recorded events
+        are compared without validating each one again."""
+        advantage = payload["advantage"]
+        if advantage is None:
+            values = payload["token_advantages"] or []
+            advantage = sum(values) / len(values) if values else 0.0
+        digest = hashlib.blake2b(msgpack.packb(payload, use_bin_type=True), digest_size=16).digest()
+        return cls(payload["rollout"]["environment"], payload["rollout"]["group_id"], payload["reward"], advantage,
+                   digest)
+
+
+def recorded_summaries(log: EventLog, topic: str, dead_letters: DeadLetters) -> Iterator[tuple[str, Summary]]:
+    """`(rollout id, Summary)` of every scored event on `topic`, read as msgpack: no pydantic
+    validation, which is most of what decoding costs (envelopes of another schema version are
+    decoded in full, so their upgrades apply)."""
+    codec = Codec()
+    for record in records_to_end(log, [topic]):
+        if record.value is None:
+            continue
+        try:
+            raw = msgpack.unpackb(record.value, raw=False)
+            if raw.get("type") == "rollout.scored" and raw.get("schema_version") == ScoredRollout.SCHEMA_VERSION:
+                payload = raw["payload"]
+                yield payload["rollout"]["rollout_id"], Summary.of_payload(payload)
+                continue
+        except Exception:  # not our envelope: the full decode below says why
+            pass
+        delivery = decoded(record, codec, dead_letters)
+        if delivery is not None and isinstance(delivery.event, ScoredRollout):
+            yield delivery.event.rollout.rollout_id, Summary.of(delivery.event)
 
 
 def compare(recorded: Iterable[ScoredRollout | tuple[str, Summary]],
@@ -329,7 +373,7 @@ def score_into(log: EventLog, live: Topics, shadow: Topics, scorer: GroupScorer,
                 replayed.append((event.rollout.rollout_id, Summary.of(event)))
         progress(read)
         producer.flush()
-        recorded = [(d.event.rollout.rollout_id, Summary.of(d.event)) for d in read_to_end(log, [live.scored], dead_letters)]
+        recorded = list(recorded_summaries(log, live.scored, dead_letters))
     finally:
         producer.close()
     return compare(recorded, replayed)

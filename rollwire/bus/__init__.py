@@ -13,7 +13,15 @@ from rollwire.bus.base import (
     TopicConfig,
 )
 from rollwire.bus.errors import BusError, CommitFailedError, DeliveryError, TopicError
-from rollwire.bus.events import DeadLetters, Delivery, EventConsumer, EventProducer, HeldDeadLetters, read_to_end
+from rollwire.bus.events import (
+    DeadLetters,
+    Delivery,
+    EventConsumer,
+    EventProducer,
+    HeldDeadLetters,
+    read_to_end,
+    records_to_end,
+)
 from rollwire.bus.settings import (
     BusSettings,
     EmbeddedBusSettings,
@@ -26,5 +34,5 @@ __all__ = [
     "AtOffsets", "AtTime", "Beginning", "BusError", "CommitFailedError", "Consumer", "DeadLetters", "HeldDeadLetters",
     "BusSettings", "Delivery", "DeliveryError", "EmbeddedBusSettings", "EventConsumer", "EventLog",
     "EventProducer", "KafkaBusSettings", "Producer", "Record", "StartAt", "TopicConfig", "TopicError",
-    "catalog_topics", "open_log", "read_to_end",
+    "catalog_topics", "open_log", "read_to_end", "records_to_end",
 ]

@@ -146,6 +146,18 @@ class HeldDeadLetters(DeadLetters):
         self.held = []
 
 
+def decoded(record: Record, codec: Codec, dead_letters: DeadLetters) -> Delivery | None:
+    """The record's event, or None: for a tombstone (it deletes a key, it carries no event), or
+    for bytes that do not decode, which go to `dead_letters`."""
+    if record.value is None:
+        return None
+    try:
+        return Delivery(envelope=codec.decode(record.value), record=record)
+    except SchemaError as exc:
+        dead_letters.send(record, exc, stage="decode")
+        return None
+
+
 class EventConsumer:
     """Polls records and yields decoded events; undecodable records go to the dead-letter topic."""
 
@@ -162,19 +174,8 @@ class EventConsumer:
     def poll_records(self, max_records: int, timeout_s: float = 1.0) -> list[tuple[Record, Delivery | None]]:
         """Like `poll_batch`, with every record read: its delivery, or None for a tombstone or a
         record that was dead-lettered (for callers that track positions)."""
-        out: list[tuple[Record, Delivery | None]] = []
-        for record in self._consumer.poll_batch(max_records, timeout_s):
-            if record.value is None:  # a tombstone deletes a key; it carries no event
-                out.append((record, None))
-                continue
-            try:
-                envelope = self.codec.decode(record.value)
-            except SchemaError as exc:
-                self.dead_letters.send(record, exc, stage="decode")
-                out.append((record, None))
-                continue
-            out.append((record, Delivery(envelope=envelope, record=record)))
-        return out
+        return [(record, decoded(record, self.codec, self.dead_letters))
+                for record in self._consumer.poll_batch(max_records, timeout_s)]
 
     def poll(self, timeout_s: float = 1.0) -> Delivery | None:
         batch = self.poll_batch(1, timeout_s)
@@ -215,31 +216,40 @@ class EventConsumer:
         self._consumer.close()
 
 
-def read_to_end(log: EventLog, topics: Sequence[str], dead_letters: DeadLetters, *, timeout_s: float = 30.0,
-                start: Mapping[tuple[str, int], int] | None = None) -> Iterator[Delivery]:
-    """Every decodable event on `topics` from `start` (default: the beginning) up to the end offsets
-    each partition had when called; bad records are dead-lettered. A reader outside any group, so a
-    scan registers nothing on the broker. Raises `TimeoutError` when the log stops answering short
-    of those offsets for `timeout_s`."""
+def records_to_end(log: EventLog, topics: Sequence[str], *, timeout_s: float = 30.0,
+                   start: Mapping[tuple[str, int], int] | None = None) -> Iterator[Record]:
+    """Every record on `topics` (tombstones included, nothing decoded) from `start` (default: the
+    beginning) up to the end offsets each partition had when called. A reader outside any group,
+    so a scan registers nothing on the broker. Raises `TimeoutError` when the log stops answering
+    short of those offsets for `timeout_s`."""
     ends = {(t, p): end for t in topics for p, end in log.end_offsets(t).items()}
     starts = {tp: (start or {}).get(tp, 0) for tp in ends}
     remaining = {tp for tp, end in ends.items() if end > starts[tp]}
     if not remaining:
         return
-    consumer = EventConsumer(log.reader(list(topics), AtOffsets(starts)), dead_letters)
+    reader = log.reader(list(topics), AtOffsets(starts))
     try:
         while remaining:
-            records = consumer.poll_records(1000, timeout_s)
+            records = reader.poll_batch(1000, timeout_s)
             if not records:
                 raise TimeoutError(f"reading {', '.join(topics)} stalled short of the end offsets {ends}")
-            for record, delivery in records:
+            for record in records:
                 tp = (record.topic, record.partition)
                 if record.offset >= ends[tp]:
                     remaining.discard(tp)
                     continue
-                if delivery is not None:
-                    yield delivery
+                yield record
                 if record.offset >= ends[tp] - 1:
                     remaining.discard(tp)
     finally:
-        consumer.close()
+        reader.close()
+
+
+def read_to_end(log: EventLog, topics: Sequence[str], dead_letters: DeadLetters, *, timeout_s: float = 30.0,
+                start: Mapping[tuple[str, int], int] | None = None) -> Iterator[Delivery]:
+    """Every decodable event of `records_to_end`; bad records are dead-lettered."""
+    codec = Codec()
+    for record in records_to_end(log, topics, timeout_s=timeout_s, start=start):
+        delivery = decoded(record, codec, dead_letters)
+        if delivery is not None:
+            yield delivery

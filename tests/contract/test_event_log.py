@@ -243,4 +243,6 @@ def test_scans_register_no_consumer_group_on_the_broker(bus_settings_kafka, topi
     log.end_offsets(topics.rollouts)
     producer.close()
     log.close()
-    assert groups() - before == set()
+    # Other tests' groups may show up meanwhile (the broker is shared); a scan's own would be named
+    # after its reader (`rollwire-reader-...`) or carry this test's prefix.
+    assert [g for g in groups() - before if g.startswith("rollwire-reader-") or topics.prefix in g] == []
