@@ -86,7 +86,8 @@ class RewardModule:
         return rewards, sum(self.functions[n][1] * v for n, v in rewards.items())
 
 
-def judge_again(log: EventLog, live: Topics, module: RewardModule, dead_letters: DeadLetters) -> dict[str, Rewards]:
+def judge_again(log: EventLog, live: Topics, module: RewardModule, dead_letters: DeadLetters,
+                groups: set[str] | None = None) -> dict[str, Rewards]:
     """New rewards for every usable recorded rollout: its task row from `tasks`, the answer the
     harness returned from `traces`, judged by `module`. Raises `ConfigError` if any is missing."""
     tasks = {d.event.group_id: d.event.task for d in read_to_end(log, [live.tasks], dead_letters)}
@@ -94,7 +95,7 @@ def judge_again(log: EventLog, live: Topics, module: RewardModule, dead_letters:
     out: dict[str, Rewards] = {}
     for delivery in read_to_end(log, [live.rollouts], dead_letters):
         rollout = delivery.event
-        if rollout.error is not None:
+        if rollout.error is not None or (groups is not None and rollout.group_id not in groups):
             continue
         if rollout.group_id not in tasks or rollout.rollout_id not in traces:
             missing = "task" if rollout.group_id not in tasks else "trace"
@@ -339,16 +340,80 @@ def _refuse_target(log: EventLog, live: Topics, shadow: Topics) -> None:
         raise ConfigError(f"{shadow.scored} already holds events from an earlier replay: pick another --into")
 
 
+@dataclass(frozen=True)
+class Range:
+    """Which recorded groups a replay takes: those whose first rollout was recorded between
+    `since_ms` and `until_ms`, and/or those a trainer step from `first_step` to `last_step` used.
+    A group is taken whole or not at all, so no group is cut in two."""
+
+    since_ms: int | None = None
+    until_ms: int | None = None
+    first_step: int | None = None
+    last_step: int | None = None
+
+    @property
+    def by_time(self) -> bool:
+        return self.since_ms is not None or self.until_ms is not None
+
+    @property
+    def by_step(self) -> bool:
+        return self.first_step is not None or self.last_step is not None
+
+    def describe(self) -> str:
+        parts = []
+        if self.by_step:
+            parts.append(f"trainer steps {self.first_step or 0}..{'' if self.last_step is None else self.last_step}")
+        if self.by_time:
+            parts.append(f"record time {self.since_ms or 0}..{'' if self.until_ms is None else self.until_ms} ms")
+        return " and ".join(parts) or "the whole run"
+
+
+def groups_in(log: EventLog, live: Topics, span: Range) -> set[str] | None:
+    """The group ids `span` takes (None: every group). Raises `ConfigError` naming the run's own
+    extent when it takes none."""
+    if not (span.by_time or span.by_step):
+        return None
+    wanted: set[str] | None = None
+    if span.by_step:
+        held = HeldDeadLetters("replay")
+        steps = [d.event for d in read_to_end(log, [live.train], held)]
+        lo, hi = span.first_step or 0, span.last_step if span.last_step is not None else math.inf
+        wanted = {rid for s in steps if lo <= s.step <= hi for rid in s.rollout_ids}
+    first_seen: dict[str, int] = {}
+    chosen: set[str] = set()
+    for record in records_to_end(log, [live.rollouts]):
+        try:
+            payload = msgpack.unpackb(record.value, raw=False)["payload"]
+            group_id, rollout_id = payload["group_id"], payload["rollout_id"]
+        except Exception:  # not a rollout: the replay itself dead-letters it
+            continue
+        first_seen.setdefault(group_id, record.timestamp_ms)
+        if span.by_time and not ((span.since_ms or 0) <= first_seen[group_id]
+                                 <= (span.until_ms if span.until_ms is not None else math.inf)):
+            continue
+        if wanted is None or rollout_id in wanted:
+            chosen.add(group_id)
+    if not chosen:
+        extent = (f"its rollouts were recorded from {min(first_seen.values())} to {max(first_seen.values())} ms"
+                  if first_seen else "it recorded no rollouts")
+        if span.by_step:
+            extent += f"; its trainer steps run {min((s.step for s in steps), default=0)}.." \
+                      f"{max((s.step for s in steps), default=0)}"
+        raise ConfigError(f"no recorded group falls in {span.describe()}: {extent}")
+    return chosen
+
+
 def score_into(log: EventLog, live: Topics, shadow: Topics, scorer: GroupScorer, *,
                algorithms: Mapping[str, str] | None = None, reward_module: RewardModule | None = None,
-               progress: Callable[[int], None] = lambda n: None) -> Comparison:
+               span: Range = Range(), progress: Callable[[int], None] = lambda n: None) -> Comparison:
     """Re-scores the run recorded under `live` into the topics of `shadow` on the same log, and
     compares the result with what the run recorded. Raises `ConfigError` before writing anything
-    when the target is the live run, already used, the run has no rollouts, or the reward module
-    fails on any of them."""
+    when the target is the live run, already used, the run has no rollouts (in `span`), or the
+    reward module fails on any of them."""
     _refuse_target(log, live, shadow)
+    groups = groups_in(log, live, span)
     held = HeldDeadLetters("replay")
-    rewards = judge_again(log, live, reward_module, held) if reward_module is not None else None
+    rewards = judge_again(log, live, reward_module, held, groups) if reward_module is not None else None
     log.create_topics(catalog_topics(shadow))
     producer = EventProducer(log.producer(), shadow, name="replay")
     dead_letters = DeadLetters(producer, "replay")  # bad recorded records are reported in the shadow's deadletter
@@ -362,7 +427,8 @@ def score_into(log: EventLog, live: Topics, shadow: Topics, scorer: GroupScorer,
             read += 1
             if read % 1000 == 0:
                 progress(read)
-            yield delivery
+            if groups is None or getattr(delivery.event, "group_id", None) in groups:
+                yield delivery
 
     try:
         for event in rescore(counted(read_to_end(log, [live.rollouts], dead_letters)), scorer, algorithms=algorithms,
@@ -373,7 +439,8 @@ def score_into(log: EventLog, live: Topics, shadow: Topics, scorer: GroupScorer,
                 replayed.append((event.rollout.rollout_id, Summary.of(event)))
         progress(read)
         producer.flush()
-        recorded = list(recorded_summaries(log, live.scored, dead_letters))
+        recorded = [(rid, s) for rid, s in recorded_summaries(log, live.scored, dead_letters)
+                    if groups is None or s.group_id in groups]
     finally:
         producer.close()
     return compare(recorded, replayed)

@@ -37,9 +37,43 @@ def add_replay(sub) -> None:
     score.add_argument("--reward-module", type=Path, metavar="FILE.py",
                        help="judge every rollout again with the @reward functions in this file: their weighted "
                             "sum replaces the recorded reward (the task comes from `tasks`, the answer from `traces`)")
+    score.add_argument("--from", dest="start", metavar="WHEN",
+                       help="first group taken: `step:N` (groups trainer step N used, on), a UTC time "
+                            "2026-12-01T17:05[:SS], or epoch milliseconds (groups first recorded then, on)")
+    score.add_argument("--to", dest="end", metavar="WHEN", help="last group taken, in the same form as --from")
     score.add_argument("--report-dir", type=Path, help="where report.md and advantages.png go")
     add_run_options(score)
     score.set_defaults(run=cmd_replay_score)
+
+
+def _when(text: str | None, flag: str) -> tuple[str, int] | None:
+    """("step", N) or ("ms", epoch ms) from a --from/--to value."""
+    import datetime
+    if text is None:
+        return None
+    if text.startswith("step:") and text[5:].isdigit():
+        return "step", int(text[5:])
+    if text.isdigit():
+        return "ms", int(text)
+    try:
+        moment = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise SystemExit(f"rollwire replay score: {flag} {text!r} is not step:N, a time like 2026-12-01T17:05, "
+                         "or epoch milliseconds") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.UTC)
+    return "ms", int(moment.timestamp() * 1000)
+
+
+def _range(start: str | None, end: str | None):
+    from rollwire.streams.replay import Range
+    first, last = _when(start, "--from"), _when(end, "--to")
+    kinds = {w[0] for w in (first, last) if w is not None}
+    if len(kinds) > 1:
+        raise SystemExit("rollwire replay score: --from and --to must both be steps, or both times")
+    if kinds == {"step"}:
+        return Range(first_step=first[1] if first else None, last_step=last[1] if last else None)
+    return Range(since_ms=first[1] if first else None, until_ms=last[1] if last else None)
 
 
 def _algorithms(values: list[str]) -> dict[str, str]:
@@ -62,9 +96,10 @@ def cmd_replay_score(args: argparse.Namespace) -> int:
     from rollwire.streams.scoring import GroupScorer, ScorerSettings
 
     algorithms = _algorithms(args.algorithm)
+    span = _range(args.start, args.end)
     run, log_settings, prefix = recorded_run(args)
     settings = run.scorer if run is not None else ScorerSettings()
-    what = "Recorded settings."
+    what = f"Groups: {span.describe()}. Recorded settings."
     if args.recipe is not None:
         from rollwire.run.recipe import load_recipe
         changed = load_recipe(args.recipe)
@@ -83,7 +118,7 @@ def cmd_replay_score(args: argparse.Namespace) -> int:
         with Progress(console=console, transient=True) as progress:
             task = progress.add_task("re-scoring recorded rollouts", total=total or None)
             comparison = replay.score_into(log, Topics(prefix), Topics(args.into), GroupScorer(settings),
-                                           algorithms=algorithms, reward_module=module,
+                                           algorithms=algorithms, reward_module=module, span=span,
                                            progress=lambda n: progress.update(task, completed=n))
     report = replay.report_markdown(comparison, run=prefix, shadow=args.into, what=what)
     report_dir.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ import sys
 import pytest
 from builders import record_scored_run
 
-from rollwire.bus import Beginning, TopicError
+from rollwire.bus import Beginning, EventProducer, TopicError
 from rollwire.errors import ConfigError
 from rollwire.schemas import Codec, Topics
 from rollwire.streams import replay
@@ -139,3 +139,26 @@ def test_the_command_prints_and_writes_the_report(tmp_path):
     assert refused.returncode == 2 and "must differ from the run's own" in refused.stderr
     unknown = replay_cli("--into", "rec-x", "--algorithm", "grpoo")
     assert unknown.returncode == 2 and "grpo" in unknown.stderr
+
+
+def test_a_range_takes_whole_groups_by_trainer_step_or_record_time(log, topics):
+    from rollwire.schemas import TrainStepCompleted
+    from rollwire.streams.replay import Range
+    scored = record_scored_run(log, topics)
+    producer = EventProducer(log.producer(), topics, name="trainer")
+    producer.send(topics.train, TrainStepCompleted(step=1, policy_version=1, rollout_ids=["g0-r0", "g1-r2"]), key="p")
+    producer.send(topics.train, TrainStepCompleted(step=2, policy_version=2, rollout_ids=["g5-r1"]), key="p")
+    producer.close()
+
+    one = replay.score_into(log, topics, Topics(f"{topics.prefix}-s1"), GroupScorer(ScorerSettings()),
+                            span=Range(first_step=1, last_step=1))
+    assert one.unchanged and one.identical == 8  # g0 and g1, whole
+    assert {e.rollout.group_id for e in events(log, f"{topics.prefix}-s1.scored")} == {"g0", "g1"}
+    every = replay.score_into(log, topics, Topics(f"{topics.prefix}-all"), GroupScorer(ScorerSettings()),
+                              span=Range(since_ms=0, until_ms=2**62))
+    assert every.unchanged and every.identical == scored
+    with pytest.raises(ConfigError, match="no recorded group falls in trainer steps 7..9: .* trainer steps run 1..2"):
+        replay.score_into(log, topics, Topics(f"{topics.prefix}-s7"), GroupScorer(ScorerSettings()),
+                          span=Range(first_step=7, last_step=9))
+    with pytest.raises(TopicError):
+        log.end_offsets(f"{topics.prefix}-s7.scored")
