@@ -12,7 +12,6 @@ issue). The last line is `RESULT ...`.
 
 from __future__ import annotations
 
-import argparse
 import resource
 import sys
 import tempfile
@@ -26,22 +25,18 @@ sys.path.insert(0, str(REPO / "tests"))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--groups", type=int, default=1000, help="groups recorded (default %(default)s)")
-    parser.add_argument("--group-size", type=int, default=8, help="rollouts per group (default %(default)s)")
-    args = parser.parse_args()
+    from scorer import encoded_rollouts, group_options, publish
 
-    from scorer import publish, rollouts
+    args = group_options(__doc__, 1000)
 
     from rollwire.bus import catalog_topics
     from rollwire.bus.embedded import EmbeddedLog
-    from rollwire.schemas import Codec, Topics
+    from rollwire.schemas import Topics
     from rollwire.streams import replay
     from rollwire.streams.embedded_scorer import EmbeddedScorer
     from rollwire.streams.scoring import GroupScorer, ScorerSettings
 
-    codec = Codec()
-    encoded = [(r.group_id.encode(), codec.encode(r, producer="bench")) for r in rollouts(args.groups, args.group_size)]
+    encoded = encoded_rollouts(args.groups, args.group_size)
     log, live = EmbeddedLog(tempfile.mkdtemp(prefix="bench-replay-")), Topics("bench")
     log.create_topics(catalog_topics(live))
     publish(log, live, encoded)

@@ -36,6 +36,21 @@ def rollouts(groups: int, size: int):
                               lengths=[20 + (g * i) % 40 for i in range(size)])]
 
 
+def group_options(description: str, default_groups: int) -> argparse.Namespace:
+    """`--groups` and `--group-size`, the shape of the generated rollouts every scorer bench takes."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--groups", type=int, default=default_groups, help="groups (default %(default)s)")
+    parser.add_argument("--group-size", type=int, default=8, help="rollouts per group (default %(default)s)")
+    return parser.parse_args()
+
+
+def encoded_rollouts(groups: int, size: int) -> list[tuple[bytes, bytes]]:
+    """(key, envelope) of each generated rollout, as an env worker would publish it."""
+    from rollwire.schemas import Codec
+    codec = Codec()
+    return [(r.group_id.encode(), codec.encode(r, producer="bench")) for r in rollouts(groups, size)]
+
+
 def pure_rate(encoded: list[bytes]) -> float:
     from rollwire.schemas import Codec
     from rollwire.streams import group_changelog
@@ -173,18 +188,12 @@ def faust_rate(encoded_with_keys, bootstrap: str) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--groups", type=int, default=500, help="groups to score (default %(default)s)")
-    parser.add_argument("--group-size", type=int, default=8, help="rollouts per group (default %(default)s)")
-    args = parser.parse_args()
+    args = group_options(__doc__, 500)
 
     from bus import start_broker
 
-    from rollwire.schemas import Codec
-    codec = Codec()
-    items = rollouts(args.groups, args.group_size)
-    encoded = [(r.group_id.encode(), codec.encode(r, producer="bench")) for r in items]
-    print(f"{len(items)} rollouts in {args.groups} groups of {args.group_size}, ~{len(encoded[0][1])} B each")
+    encoded = encoded_rollouts(args.groups, args.group_size)
+    print(f"{len(encoded)} rollouts in {args.groups} groups of {args.group_size}, ~{len(encoded[0][1])} B each")
 
     os.sched_setaffinity(0, {0})
     results = {"pure_rps": pure_rate([v for _, v in encoded]),

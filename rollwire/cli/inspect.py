@@ -6,16 +6,15 @@ import argparse
 import os
 from pathlib import Path
 
-from rollwire.cli.options import add_run_options, recorded_run
+from rollwire.cli.options import add_command_group, add_run_options, add_step, recorded_run
 
 
 def add_inspect(sub) -> None:
-    inspect = sub.add_parser("inspect", help="the story of one rollout or one trainer step, from the run's events",
+    what = add_command_group(sub, "inspect", metavar="WHAT",
+                             help="the story of one rollout or one trainer step, from the run's events",
                              description="Reads a run's topics and tells what happened to one rollout or one step.")
-    what = inspect.add_subparsers(dest="inspect_command", metavar="WHAT", required=True)
-    rollout = what.add_parser(
-        "rollout", help="a rollout: task, decoded prompt and completion, versions, rewards, group, fate",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    rollout = add_step(
+        what, "rollout", help="a rollout: task, decoded prompt and completion, versions, rewards, group, fate",
         description="Its task; the prompt and completion decoded, with the tokens the model did not sample\n"
                     "(environment and tool text) inside ⟦ ⟧; the weight version of each sampled span; its\n"
                     "reward terms, group rewards and advantage; its group's other members; the trainer step\n"
@@ -31,9 +30,9 @@ def add_inspect(sub) -> None:
                               "(default: $ROLLWIRE_TRACE_URL)")
     add_run_options(rollout)
     rollout.set_defaults(run=cmd_inspect_rollout)
-    step = what.add_parser("step", help="a trainer step: what it trained, its losses, who loaded its weights",
-                           description="Rollouts per environment, staleness, loss metrics, the version it produced "
-                                       "and when each replica served it.")
+    step = add_step(what, "step", help="a trainer step: what it trained, its losses, who loaded its weights",
+                    description="Rollouts per environment, staleness, loss metrics, the version it produced\n"
+                                "and when each replica served it.")
     step.add_argument("step", type=int, metavar="N", help="the trainer step")
     add_run_options(step)
     step.set_defaults(run=cmd_inspect_step)

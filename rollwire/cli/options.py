@@ -49,6 +49,19 @@ def store_settings(args: argparse.Namespace):
     return LocalStoreSettings(root=args.store_dir)
 
 
+def add_command_group(sub, name: str, *, help: str, description: str, metavar: str):
+    """A command whose work is split in named steps (`rollwire replay score`, `rollwire inspect step`):
+    returns the subparsers to add each step to; every step must be named."""
+    command = sub.add_parser(name, help=help, description=description)
+    return command.add_subparsers(dest=f"{name}_command", metavar=metavar, required=True)
+
+
+def add_step(group, name: str, *, help: str, description: str, epilog: str | None = None) -> argparse.ArgumentParser:
+    """One step of `add_command_group`, its description and examples printed as written."""
+    return group.add_parser(name, help=help, description=description, epilog=epilog,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def add_run_options(parser: argparse.ArgumentParser) -> None:
     """`--run-dir`, or the event-log options, to name a recorded run."""
     parser.add_argument("--run-dir", type=Path,

@@ -5,16 +5,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rollwire.cli.options import add_run_options, recorded_run
+from rollwire.cli.options import add_command_group, add_run_options, add_step, recorded_run
 
 
 def add_replay(sub) -> None:
-    replay = sub.add_parser("replay", help="re-score a recorded run into shadow topics and report what changed",
-                            description="Takes a recorded run apart after the fact, never touching its topics.")
-    commands = replay.add_subparsers(dest="replay_command", metavar="STEP", required=True)
-    score = commands.add_parser(
-        "score", help="re-run group rewards and advantages over the recorded rollouts",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    commands = add_command_group(sub, "replay", metavar="STEP",
+                                 help="re-score a recorded run into shadow topics and report what changed",
+                                 description="Takes a recorded run apart after the fact, never touching its topics.")
+    score = add_step(
+        commands, "score", help="re-run group rewards and advantages over the recorded rollouts",
         description="Reads the run's recorded rollouts, scores them with the live scorer's own state machine\n"
                     "(with the run's settings, or a changed recipe or algorithm), writes the results as\n"
                     "`<into>.scored` and `<into>.drops` on the same log, and compares them with what the run\n"
