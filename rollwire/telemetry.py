@@ -127,6 +127,8 @@ def span_to_dict(span: ReadableSpan) -> dict:
 
 def current_traceparent() -> str | None:
     """The W3C traceparent of the active span, or None outside any recorded span."""
+    if not trace.get_current_span().get_span_context().is_valid:
+        return None  # the propagator would write nothing: skip building its carrier
     carrier: dict[str, str] = {}
     _propagator.inject(carrier)
     return carrier.get("traceparent")

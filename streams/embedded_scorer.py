@@ -8,10 +8,11 @@
 The commit protocol of one `step`:
 
     # Step 1  poll a batch of rollouts (undecodable records are dead-lettered by the consumer)
-    # Step 2  apply each to its group's state; queue scored and dropped events, state changes,
-    #         and dead letters for rejected rollouts
+    # Step 2  apply each to its group's state; queue scored and dropped events and dead letters
+    #         for rejected rollouts; gather the state changes
     # Step 3  every `tick_s`, time out open groups and forget old closed ones
-    # Step 4  flush the producer: outputs and state are durable
+    # Step 4  send the state changes, coalesced per key (a group that opened and closed in this
+    #         batch leaves only its closed header); flush the producer: outputs and state are durable
     # Step 5  commit the consumer's offsets
 
 A crash before Step 5 replays the batch: rollouts already in a restored state are recognised
@@ -56,6 +57,8 @@ class EmbeddedScorer:
         self._owned: frozenset[int] = frozenset()
         self._next_tick = 0.0
         self._codec = Codec()
+        self.pending = group_changelog.PendingWrites()
+        """Changelog writes of this step, sent (coalesced) just before the flush."""
 
     def _restore(self, owned: frozenset[int]) -> None:
         """Rebuilds every group on the partitions this process now owns from the changelog."""
@@ -98,6 +101,12 @@ class EmbeddedScorer:
             for group_id, state in list(self.states.items()):
                 self._apply(group_id, self.scorer.on_tick(state))
         # Step 4
+        for key, record in self.pending.drain():
+            partition = partition_for(key.split(group_changelog.SEPARATOR, 1)[0].encode(), self.partitions)
+            if record is None:  # a group's records stay together, on its rollouts' partition
+                self.producer.send_tombstone(self.state_topic, key=key, partition=partition)
+            else:
+                self.producer.send(self.state_topic, record, key=key, partition=partition)
         self.producer.flush()
         # Step 5
         self.consumer.commit()
@@ -110,13 +119,7 @@ class EmbeddedScorer:
             with scoring_span(event):
                 self.producer.send(self.topics.name(route(event)), event, key=group_id)
             self.stats[event.type] += 1
-        writes = group_changelog.writes(group_id, self.states.get(group_id), result)
-        partition = partition_for(group_id.encode(), self.partitions) if writes else 0  # a group's records stay together
-        for key, record in writes:
-            if record is None:
-                self.producer.send_tombstone(self.state_topic, key=key, partition=partition)
-            else:
-                self.producer.send(self.state_topic, record, key=key, partition=partition)
+        self.pending.add(group_changelog.writes(group_id, self.states.get(group_id), result))
         if result.changed and result.state is None:
             self.states.pop(group_id, None)
         elif result.changed:

@@ -57,6 +57,11 @@ class FaustScorerSettings(BaseModel):
     """Seconds between timeout ticks."""
     commit_interval_s: float = Field(default=1.0, gt=0)
     """Seconds between offset commits (each preceded by a producer flush)."""
+    batch_records: int = Field(default=500, ge=1)
+    """Most records the agent takes at once; the table's changes of one batch are coalesced per
+    key before they reach the changelog (a group that opens and closes within it writes one record)."""
+    batch_wait_s: float = Field(default=0.05, gt=0)
+    """Longest the agent waits to fill a batch: the latency added when traffic is light."""
     session_timeout_s: float = Field(default=10.0, gt=0)
     """Seconds without heartbeats before Kafka moves a dead worker's partitions to the others."""
     data_dir: Path = Path("runs/default/faust")
@@ -72,18 +77,25 @@ def _headers(message: Any) -> list[tuple[str, bytes]]:
     return [(k, v) for k, v in items if isinstance(v, bytes)]
 
 
+class GroupTable(faust.Table):
+    """The `groups` table. Its keys are a group id, or a group id and a sample index
+    (`group_changelog.py`), and each goes to the changelog partition of its group, the partition
+    the group's rollouts arrive on: so a batch's changes can be written after the batch, not only
+    while the record that caused them is current (faust's default partition for a table key)."""
+
+    def partition_for_key(self, key: Any) -> int:
+        group_id = key.split(group_changelog.SEPARATOR.encode(), 1)[0]
+        return partition_for(group_id, self.partitions)
+
+
 Sink = Callable[[str, bytes | None, bytes, list[tuple[str, bytes]]], Awaitable[None]]
 """`await sink(topic_name, key, value, headers)`: where the agent's output records go."""
 
 
-def build_app(settings: FaustScorerSettings, scorer_settings: ScorerSettings, *, bus: KafkaBusSettings,
-              topics: Topics, teacher=None, sink: Sink | None = None) -> faust.App:
-    """A faust app with the scoring agent, the tick timer and the group table. Outputs go to
-    their Kafka topics, or to `sink` when given (for broker-free tests of the agent)."""
-    scorer = GroupScorer(scorer_settings, teacher=teacher)
-    codec = Codec()
+def faust_app(settings: FaustScorerSettings, bus: KafkaBusSettings) -> faust.App:
+    """The faust app the scorer runs in, with no agent yet: its cluster, commit and recovery settings."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)  # faust creates only the last level
-    app = faust.App(
+    return faust.App(
         settings.app_id,
         broker=[f"kafka://{s.strip()}" for s in bus.bootstrap_servers.split(",")],
         datadir=str(settings.data_dir / settings.app_id),
@@ -100,11 +112,21 @@ def build_app(settings: FaustScorerSettings, scorer_settings: ScorerSettings, *,
         processing_guarantee="at_least_once",
         TableManager=SeekBeforeFetchTableManager,
     )
+
+
+def build_app(settings: FaustScorerSettings, scorer_settings: ScorerSettings, *, bus: KafkaBusSettings,
+              topics: Topics, teacher=None, sink: Sink | None = None) -> faust.App:
+    """A faust app with the scoring agent, the tick timer and the group table. Outputs go to
+    their Kafka topics, or to `sink` when given (for broker-free tests of the agent)."""
+    scorer = GroupScorer(scorer_settings, teacher=teacher)
+    codec = Codec()
+    app = faust_app(settings, bus)
     raw = {"schema": faust.Schema(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")}
     partitions = topics.spec(topics.rollouts).partitions
     state_topic = app.topic(topics.name("scorer-state"), partitions=partitions, internal=False, **raw)
     ticks_topic = app.topic(topics.name("scorer-ticks"), partitions=partitions, internal=False, **raw)
-    groups = app.Table("groups", default=None, partitions=partitions, changelog_topic=state_topic, **raw)
+    groups = app.tables.add(GroupTable(app, name="groups", default=None, partitions=partitions,
+                                       changelog_topic=state_topic, beacon=app.tables.beacon, **raw))
     outputs = {name: app.topic(topics.name(name), internal=False, **raw)
                for name in ("scored", "drops", "deadletter")}
 
@@ -116,8 +138,10 @@ def build_app(settings: FaustScorerSettings, scorer_settings: ScorerSettings, *,
                 await outputs[topic_name].send(key=out.key, value=out.value, headers=out.headers)
 
     # The table holds encoded records (`group_changelog.py`: a header per group, a record per
-    # rollout); `held` holds the groups decoded, rebuilt from the table after a rebalance.
+    # rollout); `held` holds the groups decoded, rebuilt from the table after a rebalance, and
+    # always current: the table catches up at the end of each batch, from `pending`.
     held: dict[str, ScorerGroupState | None] = {}
+    pending = group_changelog.PendingWrites()
 
     @app.on_partitions_revoked.connect
     async def forget_decoded(*_args: Any, **_kwargs: Any) -> None:
@@ -127,13 +151,17 @@ def build_app(settings: FaustScorerSettings, scorer_settings: ScorerSettings, *,
         for event in step.events:
             with scoring_span(event):
                 await send(route(event), event, group_id)
-        for key, record in group_changelog.writes(group_id, state_of(group_id), step):
+        pending.add(group_changelog.writes(group_id, state_of(group_id), step))
+        if step.changed:
+            held[group_id] = step.state
+
+    def write_table() -> None:
+        """The batch's changes, coalesced, into the table (faust sends each to the changelog)."""
+        for key, record in pending.drain():
             if record is None:
                 groups.pop(key.encode(), None)
             else:
                 groups[key.encode()] = codec.encode(record, producer=settings.app_id)
-        if step.changed:
-            held[group_id] = step.state
 
     def stored(key: bytes):
         """The table's event under `key`; a value that does not decode is logged and forgotten
@@ -160,12 +188,16 @@ def build_app(settings: FaustScorerSettings, scorer_settings: ScorerSettings, *,
 
     @app.agent(app.topic(topics.rollouts, topics.name("scorer-ticks"), **raw), concurrency=1)
     async def score(stream) -> None:
-        async for event in stream.events():
-            m = event.message
-            record = Record(topic=m.topic or topics.rollouts, partition=m.partition, offset=m.offset, key=m.key, value=m.value,
-                            timestamp_ms=int(m.timestamp * 1000), headers=tuple(_headers(m)))
-            with telemetry.process_span(m.topic, m.partition, m.offset, record.headers, settings.app_id):
-                await handle(record)
+        # faust acks a batch's records after the loop body ran for it, so the offsets committed
+        # never pass a record whose outputs and table changes were not yet sent.
+        async for batch in stream.take_events(settings.batch_records, within=settings.batch_wait_s):
+            for event in batch:
+                m = event.message
+                record = Record(topic=m.topic or topics.rollouts, partition=m.partition, offset=m.offset, key=m.key,
+                                value=m.value, timestamp_ms=int(m.timestamp * 1000), headers=tuple(_headers(m)))
+                with telemetry.process_span(m.topic, m.partition, m.offset, record.headers, settings.app_id):
+                    await handle(record)
+            write_table()
 
     async def handle(record: Record) -> None:
         logger.debug("scorer record %s[%d]@%d key=%r", record.topic, record.partition, record.offset, record.key)
@@ -177,6 +209,7 @@ def build_app(settings: FaustScorerSettings, scorer_settings: ScorerSettings, *,
             await send("deadletter", dead_letter_for(record, exc, stage="decode", component="scorer"), record.topic)
             return
         if isinstance(decoded, ScorerTick):
+            write_table()  # groups opened earlier in this batch are in the table too
             for key in [k for k in list(groups.keys())
                         if group_changelog.is_group_key(k) and partition_for(k, partitions) == record.partition]:
                 state = state_of(key.decode())

@@ -10,7 +10,8 @@ A group of k rollouts costs k rollout records, not k copies of a growing group:
 
 Writes for one step go out in this order (the closed header before the tombstones of its rollouts),
 so a crash part-way leaves either the open group as it was, or a closed group with leftover
-rollout records, which restoring ignores and forgetting the group removes.
+rollout records, which restoring ignores and forgetting the group removes. Drivers gather a
+batch's writes in `PendingWrites`, which coalesces them per key and keeps that order.
 
 Both drivers use this module: the embedded driver sends `writes(...)` to the topic and restores
 with `restore(...)`; the faust driver applies the same writes to its table (faust turns them into
@@ -68,6 +69,38 @@ def writes(group_id: str, before: ScorerGroupState | None, step: Step) -> list[W
     out += [(rollout_key(group_id, r.sample_index), ScorerGroupRollout(rollout=r))
             for r in after.rollouts if r.rollout_id not in known]
     return out
+
+
+class PendingWrites:
+    """The changelog writes of one commit, coalesced per key before they are sent, as Kafka
+    Streams' record cache does: a key keeps its last write only, and a record both written and
+    tombstoned since the last flush is never sent (its group opened and closed in one batch).
+    Keys keep the order of their first write, which keeps a closed header ahead of the
+    tombstones of its group's older rollout records."""
+
+    def __init__(self) -> None:
+        self._writes: dict[str, Event | None] = {}
+        self._new: set[str] = set()
+        """Keys first written since the last flush as a record: nothing of theirs is in the log yet."""
+
+    def add(self, writes: Iterable[Write]) -> None:
+        for key, record in writes:
+            if key not in self._writes and record is not None:
+                self._new.add(key)
+            if record is None and key in self._new:
+                self._writes.pop(key)
+                self._new.discard(key)
+                continue
+            self._writes[key] = record
+
+    def drain(self) -> list[Write]:
+        """The writes to send now, in order; empties the buffer."""
+        out = list(self._writes.items())
+        self._writes, self._new = {}, set()
+        return out
+
+    def __len__(self) -> int:
+        return len(self._writes)
 
 
 def assemble(group: ScorerGroupState, rollouts: Iterable[RolloutCompleted]) -> ScorerGroupState:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 from opentelemetry import trace
@@ -187,14 +187,17 @@ class GroupScorer:
         return self._teacher(rollout.prompt_token_ids, rollout.completion_token_ids)
 
 
-@contextmanager
-def scoring_span(event: Event) -> Iterator[None]:
+def scoring_span(event: Event) -> AbstractContextManager[None]:
     """Around sending one output event. A `ScoredRollout` is sent inside a `score rollout` span that
     continues its rollout's trace (the `traceparent` the env worker stored in the event) and links to
     the span that closed the group, so each rollout's trace runs on through scoring to the trainer."""
     if not isinstance(event, ScoredRollout) or not telemetry.tracing():
-        yield
-        return
+        return nullcontext()
+    return _scoring_span(event)
+
+
+@contextmanager
+def _scoring_span(event: ScoredRollout) -> Iterator[None]:
     closing = trace.get_current_span().get_span_context()
     parent = telemetry.context_from_traceparent(event.rollout.traceparent) if event.rollout.traceparent else None
     with telemetry.tracer().start_as_current_span(

@@ -46,6 +46,11 @@ CREATE INDEX IF NOT EXISTS records_by_time ON records (partition, timestamp_ms);
 """
 
 
+TOMBSTONE_RETENTION_MS = 24 * 3600 * 1000
+"""How long a compacted topic keeps a tombstone, so readers behind see the deletion (Kafka's
+`delete.retention.ms` default); after that the key is simply gone."""
+
+
 def connect(path: Path, *, fsync: bool = False) -> sqlite3.Connection:
     """An autocommit connection; writers open their own `BEGIN IMMEDIATE` transactions."""
     conn = sqlite3.connect(path, timeout=60.0, isolation_level=None, check_same_thread=False)
@@ -68,7 +73,7 @@ class TopicMeta:
     max_message_bytes: int
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Append:
     """One record to append; its partition is already chosen."""
 
@@ -91,6 +96,11 @@ class TopicFile:
                              "(EventLog.create_topics, or `rollwire topics --create`)")
         self.conn = connect(self.path, fsync=fsync)
         self._bell: Doorbell | None = None
+        self._written: dict[tuple[int, bytes | None], int] = {}
+        """Compacted topics: the newest offset this file appended per (partition, key) whose older
+        records `clean` has not yet removed."""
+        self._head: dict[int, int] = {}
+        """Compacted topics: end offsets at the last `clean`; records from there on are the head."""
         rows = dict(self.conn.execute("SELECT name, value FROM config").fetchall())
         if "partitions" not in rows:
             raise TopicError(f"topic {name!r} is being created or its file is damaged: {self.path}")
@@ -142,19 +152,42 @@ class TopicFile:
         except BaseException:
             conn.execute("ROLLBACK")
             raise
+        if self.meta.compacted:
+            self._written.update(((p, k), o) for p, o, _, k, _, _ in rows)
         self._doorbell().ring()  # after the commit: a consumer woken now sees the records
 
     def clean(self) -> None:
-        """Applies compaction (keep the newest record per key) or retention (drop old records)."""
-        self.conn.execute("BEGIN IMMEDIATE")
-        if self.meta.compacted:
-            self.conn.execute(
-                "DELETE FROM records WHERE key IS NOT NULL AND EXISTS (SELECT 1 FROM records AS n "
-                "WHERE n.partition = records.partition AND n.key = records.key AND n.offset > records.offset)")
-        elif self.meta.retention_ms is not None:
-            cutoff = time.time_ns() // 1_000_000 - self.meta.retention_ms
-            self.conn.execute("DELETE FROM records WHERE timestamp_ms < ?", (cutoff,))
-        self.conn.execute("COMMIT")
+        """Applies retention (drops records older than `retention_ms`), or compaction.
+
+        Compaction works as Kafka's does, and costs what was written since the last pass, not the
+        size of the topic: for each key this file appended, the records older than its newest
+        are deleted, except in the head, the records appended since the previous pass, which a
+        consumer keeping up reads whole. Tombstones go after `TOMBSTONE_RETENTION_MS`."""
+        now = time.time_ns() // 1_000_000
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if self.meta.compacted:
+                head = self._head
+                conn.executemany("DELETE FROM records WHERE partition = ? AND key = ? AND offset < ?",
+                                 [(p, k, min(o, head.get(p, 0))) for (p, k), o in self._written.items()])
+            for partition in range(self.meta.partitions):  # by partition, so the time index serves
+                if self.meta.compacted:
+                    conn.execute(  # a tombstone goes only once nothing older of its key is left to revive
+                        "DELETE FROM records WHERE partition = ? AND timestamp_ms < ? AND value IS NULL AND NOT EXISTS "
+                        "(SELECT 1 FROM records AS o WHERE o.partition = records.partition AND o.key = records.key "
+                        "AND o.offset < records.offset)", (partition, now - TOMBSTONE_RETENTION_MS))
+                elif self.meta.retention_ms is not None:
+                    conn.execute("DELETE FROM records WHERE partition = ? AND timestamp_ms < ?",
+                                 (partition, now - self.meta.retention_ms))
+            ends = self.end_offsets()
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        if self.meta.compacted:  # keys whose older records lie in the head: again next pass
+            self._written = {(p, k): o for (p, k), o in self._written.items() if o >= head.get(p, 0)}
+            self._head = ends
 
     def end_offsets(self) -> dict[int, int]:
         return dict(self.conn.execute("SELECT partition, next_offset FROM partitions"))

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -57,18 +57,24 @@ class Outgoing:
     headers: list[tuple[str, bytes]]
 
 
+def encoded(topics: Topics, codec: Codec, producer_name: str, topic: str, event: Event,
+            key: str | bytes | None) -> Outgoing:
+    """Checks `event` belongs on `topic` and encodes it, with the current trace context if any."""
+    topics.check(topic, event)
+    traceparent = telemetry.current_traceparent()
+    event_id = new_id()
+    value = codec.encode(event, producer=producer_name, event_id=event_id, traceparent=traceparent)
+    return Outgoing(event_id, key.encode() if isinstance(key, str) else key, value,
+                    [("traceparent", traceparent.encode())] if traceparent else [])
+
+
 @contextmanager
 def outgoing(topics: Topics, codec: Codec, producer_name: str, topic: str, event: Event,
              key: str | bytes | None) -> Iterator[Outgoing]:
-    """Checks `event` belongs on `topic` and encodes it inside a `send <topic>` span; hand the
-    result to a producer within the `with` block so the span covers the send."""
-    topics.check(topic, event)
-    key_bytes = key.encode() if isinstance(key, str) else key
-    with telemetry.send_span(topic, key_bytes, event.type):
-        traceparent = telemetry.current_traceparent()
-        event_id = new_id()
-        value = codec.encode(event, producer=producer_name, event_id=event_id, traceparent=traceparent)
-        yield Outgoing(event_id, key_bytes, value, [("traceparent", traceparent.encode())] if traceparent else [])
+    """`encoded` inside a `send <topic>` span; hand the result to a producer within the `with`
+    block so the span covers the send."""
+    with telemetry.send_span(topic, key.encode() if isinstance(key, str) else key, event.type):
+        yield encoded(topics, codec, producer_name, topic, event, key)
 
 
 class EventProducer:
@@ -81,6 +87,10 @@ class EventProducer:
     def send(self, topic: str, event: Event, *, key: str | bytes | None, partition: int | None = None) -> str:
         """Queues `event` on `topic` (a full catalog name) and returns its event id. The partition
         is the key's unless given."""
+        if not telemetry.tracing():  # no span to open: the per-record hot path of every component
+            out = encoded(self.topics, self.codec, self.name, topic, event, key)
+            self._producer.send(topic, out.value, key=out.key, headers=out.headers, partition=partition)
+            return out.event_id
         with outgoing(self.topics, self.codec, self.name, topic, event, key) as out:
             self._producer.send(topic, out.value, key=out.key, headers=out.headers, partition=partition)
         return out.event_id
@@ -188,6 +198,8 @@ class EventConsumer:
 
     def process_span(self, delivery: Delivery):
         """A `process <topic>` span for one delivery, child of its producer's span."""
+        if not telemetry.tracing():
+            return nullcontext()
         r = delivery.record
         return telemetry.process_span(r.topic, r.partition, r.offset, r.headers, self.group,
                                       **{"messaging.message.id": delivery.envelope.event_id})

@@ -22,7 +22,8 @@ def run_agent(values: list[tuple[bytes, bytes]], scorer_settings: ScorerSettings
     async def sink(topic, key, value, headers):
         sent.append((topic, Codec().decode(value).event))
 
-    app = build_app(FaustScorerSettings(app_id="unit-scorer"), scorer_settings,
+    settings = FaustScorerSettings(app_id="unit-scorer")
+    app = build_app(settings, scorer_settings,
                     bus=KafkaBusSettings(bootstrap_servers="127.0.0.1:1"), topics=Topics("unit"), sink=sink)
     app.finalize()
     app.conf.store = "memory://"
@@ -31,9 +32,12 @@ def run_agent(values: list[tuple[bytes, bytes]], scorer_settings: ScorerSettings
     async def drive():
         async with agent.test_context() as tested:
             for key, value in values:
-                await asyncio.sleep(0.01)
+                # A tick comes on a timer, after the rollouts it times out: in a later batch.
+                await asyncio.sleep(0.01 if key else 2 * settings.batch_wait_s)
                 # A tick (no key) goes to partition 0, where the test's groups live too.
                 await tested.put(value, key=key, partition=partition_for(key, 4) if key else 0)
+            # `put` returns once the agent's batch took the value; let the last batch be handled.
+            await asyncio.sleep(4 * settings.batch_wait_s)
 
     asyncio.run(drive())
     return sent

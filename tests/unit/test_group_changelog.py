@@ -65,6 +65,47 @@ def test_restoring_after_any_prefix_gives_the_groups_the_scorer_held():
     assert seen_closed and seen_forgotten
 
 
+def test_writes_coalesced_per_batch_restore_the_same_groups_with_fewer_records():
+    rng = random.Random(11)
+    scorer = GroupScorer(ScorerSettings(group_timeout_s=0.005, retain_closed_s=0.02, min_group_size=2))
+    arrivals: list = []
+    for g in range(12):
+        arrivals += group_of(f"g{g}", [1, 0, 1, 0], errored=(1,) if g == 2 else ())[: 2 + g % 3]
+    rng.shuffle(arrivals)
+    arrivals = arrivals[:9] + [arrivals[0], "tick"] + arrivals[9:] + ["tick", "tick"]
+    states: dict[str, ScorerGroupState] = {}
+    latest: dict[str, bytes | None] = {}
+    pending = group_changelog.PendingWrites()
+    sent = unbatched = 0
+    for i, item in enumerate(arrivals):
+        steps = ([(gid, scorer.on_tick(s, now=1_000 + 4 * i)) for gid, s in list(states.items())] if item == "tick"
+                 else [(item.group_id, scorer.on_rollout(states.get(item.group_id), item, now=1_000 + 4 * i))])
+        for gid, step in steps:
+            writes = group_changelog.writes(gid, states.get(gid), step)
+            unbatched += len(writes)
+            pending.add(writes)
+            if step.changed and step.state is None:
+                states.pop(gid)
+            elif step.changed:
+                states[gid] = step.state
+        if rng.random() < 0.3 or i == len(arrivals) - 1:  # a commit: the batch's writes reach the log
+            for key, record in pending.drain():
+                latest[key] = None if record is None else codec.encode(record, producer="test")
+                sent += 1
+            assert restored(latest) == states
+    assert sent < unbatched
+
+
+def test_coalescing_keeps_the_last_write_and_drops_records_born_and_deleted_in_one_batch():
+    pending = group_changelog.PendingWrites()
+    open_header, closed_header = object(), object()
+    pending.add([("g", open_header), ("g\x000", "r0")])          # the group opens in this batch
+    pending.add([("old\x001", None)])                            # a record from an earlier batch
+    pending.add([("g", closed_header), ("g\x000", None)])        # ...and closes in it
+    assert pending.drain() == [("g", closed_header), ("old\x001", None)]
+    assert len(pending) == 0
+
+
 def test_the_order_rollouts_arrive_in_does_not_change_the_group():
     group = group_of("g", [1, 0, 1, 0])
     held = set()
