@@ -4,6 +4,7 @@ saved as one unit, so a restart resumes exactly.
     <checkpoint_dir>/step-00000012/
         model/            save_pretrained (safetensors), or the adapter for LoRA
         optimizer.pt      optimizer state
+        rng.pt            torch's CPU random state (and CUDA's where present)
         state.json        step, version, read positions, recent rollout ids, outbox
     <checkpoint_dir>/step-00000012-drops-00000013/
                           the same model and optimizer (hard links), later read positions, and
@@ -56,8 +57,54 @@ def save(folder: Path, model, optimizer, state: TrainerState, keep: int = 2) -> 
     def weights(partial: Path) -> None:
         model.save_pretrained(partial / "model", safe_serialization=True)
         torch.save(optimizer.state_dict(), partial / "optimizer.pt")
+        _save_rng(partial)
 
     return _commit(folder, f"step-{state.step:08d}", state, keep, weights)
+
+
+def _save_rng(folder: Path) -> None:
+    rng: dict[str, object] = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state_all()
+    torch.save(rng, folder / "rng.pt")
+
+
+def restore(settings, path: Path | None):
+    """`(state, model, optimizer)` as checkpoint `path` left them, or as a trainer starts with
+    `settings` (`TrainerSettings`) when `path` is None: the one way the trainer, and a replay
+    from a checkpoint, come to the same starting point."""
+    from rollwire.trainer.model import load_policy
+    torch.manual_seed(settings.seed)
+    state = load_state(path) if path is not None else TrainerState()
+    if path is None or settings.model.lora is not None:
+        model = load_policy(settings.model)
+        if path is not None:
+            from peft import set_peft_model_state_dict
+            from safetensors.torch import load_file
+            set_peft_model_state_dict(model, load_file(path / "model" / "adapter_model.safetensors"))
+    else:
+        model = load_policy(settings.model, weights=str(path / "model"))
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=settings.lr,
+                                  weight_decay=settings.weight_decay)
+    if path is not None:
+        optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+        if (path / "rng.pt").exists():  # checkpoints written before it was saved resume from the seed
+            rng = torch.load(path / "rng.pt", weights_only=True)
+            torch.set_rng_state(rng["cpu"])
+            if "cuda" in rng and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(rng["cuda"])
+    return state, model, optimizer
+
+
+def at_step(folder: Path, step: int) -> Path:
+    """The complete checkpoint left after trainer step `step` (its newest commit: drops-only
+    commits after a step hold the same model); `FileNotFoundError` names the steps kept."""
+    matches = [p for p in _complete(folder) if load_state(p).step == step]
+    if not matches:
+        kept = sorted({load_state(p).step for p in _complete(folder)})
+        raise FileNotFoundError(f"no checkpoint of step {step} in {folder}: it keeps steps "
+                                f"{', '.join(map(str, kept)) or 'none'} (trainer.keep_checkpoints sets how many)")
+    return matches[-1]
 
 
 def save_drops(folder: Path, previous: Path | None, model, optimizer, state: TrainerState, keep: int = 2) -> Path:
@@ -69,8 +116,11 @@ def save_drops(folder: Path, previous: Path | None, model, optimizer, state: Tra
         if previous is None:
             model.save_pretrained(partial / "model", safe_serialization=True)
             torch.save(optimizer.state_dict(), partial / "optimizer.pt")
+            _save_rng(partial)
             return
-        for source in [previous / "optimizer.pt", *(p for p in (previous / "model").rglob("*") if p.is_file())]:
+        links = [previous / "optimizer.pt", *(p for p in (previous / "model").rglob("*") if p.is_file())]
+        links += [previous / "rng.pt"] if (previous / "rng.pt").exists() else []
+        for source in links:
             target = partial / source.relative_to(previous)
             target.parent.mkdir(parents=True, exist_ok=True)
             os.link(source, target)

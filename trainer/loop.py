@@ -27,8 +27,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-
 from rollwire import telemetry
 from rollwire.bus import EventLog, EventProducer
 from rollwire.consumers.batch_consumer import Batch, BatchConsumer
@@ -39,15 +37,30 @@ from rollwire.schemas.topics import Topics
 from rollwire.schemas.training import TrainStepCompleted
 from rollwire.schemas.weights import WeightsPublished
 from rollwire.trainer import checkpoint, losses
-from rollwire.trainer.model import load_policy, resolve_device
+from rollwire.trainer.model import resolve_device
 from rollwire.trainer.settings import TrainerSettings
 from rollwire.trainer.step import StepResult, train_step
-from rollwire.weight_versions import publish
+from rollwire.weight_versions import Published, publish
 
 logger = logging.getLogger(__name__)
 
 
-def _means(rows: list[dict[str, float]]) -> dict[str, float]:
+def publish_weights(store: ObjectStore, model, settings: TrainerSettings, *, policy: str, version: int,
+                    step: int) -> tuple[WeightsPublished, Published]:
+    """Writes `model`'s weights as `policy` version `version` (`<policy>/v<version>` in the store,
+    manifest last); returns the event announcing them and what was written (with its manifest)."""
+    lora = settings.model.lora is not None
+    with tempfile.TemporaryDirectory() as folder:
+        model.save_pretrained(folder, safe_serialization=True)
+        done = publish(store, Path(folder), f"{policy}/v{version:08d}", policy=policy, version=version, step=step,
+                       format="lora" if lora else "full", base_model=settings.model.path)
+    event = WeightsPublished(policy=policy, version=version, step=step, uri=done.uri, format="lora" if lora else "full",
+                             manifest_sha256=done.manifest_sha256, base_model=settings.model.path,
+                             size_bytes=done.size_bytes)
+    return event, done
+
+
+def means_by_name(rows: list[dict[str, float]]) -> dict[str, float]:
     """Per-name means over the rows that have the name."""
     sums: dict[str, list[float]] = {}
     for row in rows:
@@ -61,16 +74,10 @@ class Trainer:
         if not settings.model.path:
             raise ConfigError("trainer.model.path is empty: give the starting weights (a directory or hub name; "
                               "`rollwire train --model DIR`)")
-        torch.manual_seed(settings.seed)
         self.settings, self.topics, self.store = settings, topics, store
         self.device, _ = resolve_device(settings.model)
         previous = checkpoint.latest(settings.checkpoint_dir)
-        self.state = checkpoint.load_state(previous) if previous else checkpoint.TrainerState()
-        self.model = self._load_model(previous)
-        self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=settings.lr,
-                                           weight_decay=settings.weight_decay)
-        if previous is not None:
-            self.optimizer.load_state_dict(torch.load(previous / "optimizer.pt", weights_only=True))
+        self.state, self.model, self.optimizer = checkpoint.restore(settings, previous)
         self.loss = losses.build(settings.loss, **settings.loss_params)
         self.producer = EventProducer(log.producer(), topics, name="trainer")
         vocab = self.model.get_input_embeddings().num_embeddings
@@ -81,16 +88,6 @@ class Trainer:
             logger.info("resuming at step %d (version %d) from %s", self.state.step, self.state.version, previous)
             if not checkpoint.outbox_sent(previous):  # the previous run stopped between Steps 5 and 6
                 self._send_outbox(previous)
-
-    def _load_model(self, previous: Path | None):
-        if previous is None or self.settings.model.lora is not None:
-            model = load_policy(self.settings.model)
-            if previous is not None:
-                from peft import set_peft_model_state_dict
-                from safetensors.torch import load_file
-                set_peft_model_state_dict(model, load_file(previous / "model" / "adapter_model.safetensors"))
-            return model
-        return load_policy(self.settings.model, weights=str(previous / "model"))
 
     def run(self, *, max_steps: int | None = None, idle_exit_s: float | None = None) -> None:
         """Trains until `max_steps`, or until no batch formed for `idle_exit_s`, or forever."""
@@ -158,15 +155,8 @@ class Trainer:
         logger.info("reported %s while no batch formed", ", ".join(f"{len(v)} {k}" for k, v in drops.items()))
 
     def _publish_weights(self) -> WeightsPublished:
-        lora = self.settings.model.lora is not None
-        with tempfile.TemporaryDirectory() as folder:
-            self.model.save_pretrained(folder, safe_serialization=True)
-            done = publish(self.store, Path(folder), f"{self.settings.policy}/v{self.state.version:08d}",
-                           policy=self.settings.policy, version=self.state.version, step=self.state.step,
-                           format="lora" if lora else "full", base_model=self.settings.model.path)
-        return WeightsPublished(policy=self.settings.policy, version=self.state.version, step=self.state.step,
-                                uri=done.uri, format="lora" if lora else "full", manifest_sha256=done.manifest_sha256,
-                                base_model=self.settings.model.path, size_bytes=done.size_bytes)
+        return publish_weights(self.store, self.model, self.settings, policy=self.settings.policy,
+                               version=self.state.version, step=self.state.step)[0]
 
     def _step_event(self, batch: Batch, result: StepResult, waited: float) -> TrainStepCompleted:
         return TrainStepCompleted(
@@ -175,8 +165,8 @@ class Trainer:
             reward_mean=sum(s.reward for s in batch.rollouts) / len(batch.rollouts), num_tokens=result.num_tokens,
             tokens_per_s=result.num_tokens / max(result.seconds, 1e-9), grad_norm=result.grad_norm,
             staleness=batch.staleness, drops={k: len(v) for k, v in batch.drops.items()},
-            rewards_mean=_means([{**s.rollout.rewards, **s.group_rewards} for s in batch.rollouts]),
-            metrics_mean=_means([s.rollout.metrics for s in batch.rollouts]), loss_metrics=result.metrics,
+            rewards_mean=means_by_name([{**s.rollout.rewards, **s.group_rewards} for s in batch.rollouts]),
+            metrics_mean=means_by_name([s.rollout.metrics for s in batch.rollouts]), loss_metrics=result.metrics,
             skipped_reason=result.skipped_reason,
             wait_s=waited)
 

@@ -1,4 +1,5 @@
-"""`rollwire replay score`: re-score a recorded run into a shadow prefix, with a report."""
+"""`rollwire replay score` and `replay train`: re-score a recorded run into a shadow prefix, retrain
+from one of its checkpoints; each with a report."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from rollwire.cli.options import add_command_group, add_run_options, add_step, r
 
 def add_replay(sub) -> None:
     commands = add_command_group(sub, "replay", metavar="STEP",
-                                 help="re-score a recorded run into shadow topics and report what changed",
+                                 help="re-score or retrain a recorded run into shadow topics and report what changed",
                                  description="Takes a recorded run apart after the fact, never touching its topics.")
     score = add_step(
         commands, "score", help="re-run group rewards and advantages over the recorded rollouts",
@@ -43,6 +44,37 @@ def add_replay(sub) -> None:
     score.add_argument("--report-dir", type=Path, help="where report.md and advantages.png go")
     add_run_options(score)
     score.set_defaults(run=cmd_replay_score)
+
+    train = add_step(
+        commands, "train", help="retrain from a trainer checkpoint over recorded or re-scored rollouts",
+        description="Loads the run's trainer checkpoint of --from-step (model, optimizer and random state; 0:\n"
+                    "the run's starting weights) and trains each later step again on exactly the rollouts that\n"
+                    "step trained, in the same order, with the run's trainer settings: no inference, no\n"
+                    "environments. The rollouts come as the run scored them, or as a `replay score` shadow\n"
+                    "scored them (--scored). Steps and weights go out as policy <into>: `<into>.train`,\n"
+                    "`<into>.weights` and `<into>/v<version>` in the run's object store. Each version is\n"
+                    "compared with the one the run published: over the run's own scores, on CPU, they are\n"
+                    "byte for byte the same; otherwise the report gives the largest weight difference.",
+        epilog="examples:\n"
+               "  rollwire replay train --run-dir runs/demo --into demo-again               # reproduce the run\n"
+               "  rollwire replay train --run-dir runs/demo --from-step 40 --into demo-again\n\n"
+               "a reward-bug backfill: re-score with the fixed reward, retrain from the last good step:\n"
+               "  rollwire replay score --run-dir runs/demo --into demo-fixed --reward-module fixed.py\n"
+               "  rollwire replay train --run-dir runs/demo --scored demo-fixed --from-step 40 --into demo-fixed\n\n"
+               "outputs: the report is printed, and written to <run-dir>/replays/<into>/train-report.md;\n"
+               "checkpoints of --from-step > 0 must still be on disk (trainer.keep_checkpoints)")
+    train.add_argument("--run-dir", type=Path, required=True,
+                       help="the run's directory: its recipe.json gives the log, the store and the trainer settings")
+    train.add_argument("--into", required=True, metavar="NAME",
+                       help="policy name and topic prefix to write (never the run's own)")
+    train.add_argument("--scored", metavar="PREFIX",
+                       help="read scored rollouts under this prefix, e.g. a `replay score --into` shadow "
+                            "(default: the run's own)")
+    train.add_argument("--from-step", type=int, default=0, metavar="N",
+                       help="start from the trainer's checkpoint of step N (default 0: the starting weights)")
+    train.add_argument("--to-step", type=int, metavar="M", help="last step to retrain (default: the run's last)")
+    train.add_argument("--report-dir", type=Path, help="where train-report.md goes")
+    train.set_defaults(run=cmd_replay_train)
 
 
 def _when(text: str | None, flag: str) -> tuple[str, int] | None:
@@ -127,4 +159,39 @@ def cmd_replay_score(args: argparse.Namespace) -> int:
     where = (f"--log-dir {log_settings.path}" if log_settings.type == "embedded"
              else f"--bus kafka --bootstrap {log_settings.bootstrap_servers}")
     print(f"shadow events: `rollwire tail scored --prefix {args.into} {where}`; report: {report_dir / 'report.md'}")
+    return 0
+
+
+def cmd_replay_train(args: argparse.Namespace) -> int:
+    import torch
+    from rich.console import Console
+    from rich.markdown import Markdown
+    from rich.progress import Progress
+
+    from rollwire.bus import open_log
+    from rollwire.objectstore import open_store
+    from rollwire.schemas.topics import Topics
+    from rollwire.trainer import replay
+
+    run, log_settings, prefix = recorded_run(args)
+    assert run is not None, "--run-dir is required"
+    torch.set_num_threads(run.trainer_threads)  # as the run's trainer: a thread count changes float sums
+    report_dir = args.report_dir or args.run_dir / "replays" / args.into
+    with open_log(log_settings) as log, Progress(console=Console(stderr=True), transient=True) as progress:
+        tasks: dict[str, int] = {}
+
+        def show(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                label = "reading scored rollouts" if stage == "reading" else "retraining steps"
+                tasks[stage] = progress.add_task(label, total=total or None)
+            progress.update(tasks[stage], completed=done)
+
+        result = replay.train_into(log, Topics(prefix), Topics(args.scored or prefix), Topics(args.into),
+                                   open_store(run.store), run.trainer, from_step=args.from_step,
+                                   to_step=args.to_step, progress=show)
+    report = replay.report_markdown(result)
+    report_dir.mkdir(parents=True, exist_ok=True)
+    (report_dir / "train-report.md").write_text(report)
+    Console().print(Markdown(report))
+    print(f"report: {report_dir / 'train-report.md'}; weights: policy {args.into!r} in the run's store")
     return 0
