@@ -166,7 +166,7 @@ def cmd_replay_train(args: argparse.Namespace) -> int:
     import torch
     from rich.console import Console
     from rich.markdown import Markdown
-    from rich.progress import Progress
+    from rich.progress import Progress, TaskID
 
     from rollwire.bus import open_log
     from rollwire.objectstore import open_store
@@ -178,7 +178,7 @@ def cmd_replay_train(args: argparse.Namespace) -> int:
     torch.set_num_threads(run.trainer_threads)  # as the run's trainer: a thread count changes float sums
     report_dir = args.report_dir or args.run_dir / "replays" / args.into
     with open_log(log_settings) as log, Progress(console=Console(stderr=True), transient=True) as progress:
-        tasks: dict[str, int] = {}
+        tasks: dict[str, TaskID] = {}
 
         def show(stage: str, done: int, total: int) -> None:
             if stage not in tasks:
