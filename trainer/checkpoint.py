@@ -51,15 +51,16 @@ class TrainerState:
                    commits=raw.get("commits", raw["step"]))
 
 
-def save(folder: Path, model, optimizer, state: TrainerState, keep: int = 2) -> Path:
-    """Writes the checkpoint of step `state.step` atomically; keeps the newest `keep`."""
+def save(folder: Path, model, optimizer, state: TrainerState, keep: int = 2, keep_every: int = 0) -> Path:
+    """Writes the checkpoint of step `state.step` atomically; keeps the newest `keep`, and those of
+    every `keep_every`-th step."""
     state.commits += 1
     def weights(partial: Path) -> None:
         model.save_pretrained(partial / "model", safe_serialization=True)
         torch.save(optimizer.state_dict(), partial / "optimizer.pt")
         _save_rng(partial)
 
-    return _commit(folder, f"step-{state.step:08d}", state, keep, weights)
+    return _commit(folder, f"step-{state.step:08d}", state, keep, weights, keep_every)
 
 
 def _save_rng(folder: Path) -> None:
@@ -107,7 +108,8 @@ def at_step(folder: Path, step: int) -> Path:
     return matches[-1]
 
 
-def save_drops(folder: Path, previous: Path | None, model, optimizer, state: TrainerState, keep: int = 2) -> Path:
+def save_drops(folder: Path, previous: Path | None, model, optimizer, state: TrainerState, keep: int = 2,
+               keep_every: int = 0) -> Path:
     """Writes a drops-only commit: the model and optimizer of `previous` (hard links, or written
     when there is none yet) with `state`'s later read positions and outbox."""
     state.commits += 1
@@ -125,10 +127,10 @@ def save_drops(folder: Path, previous: Path | None, model, optimizer, state: Tra
             target.parent.mkdir(parents=True, exist_ok=True)
             os.link(source, target)
 
-    return _commit(folder, f"step-{state.step:08d}-drops-{state.commits:08d}", state, keep, weights)
+    return _commit(folder, f"step-{state.step:08d}-drops-{state.commits:08d}", state, keep, weights, keep_every)
 
 
-def _commit(folder: Path, name: str, state: TrainerState, keep: int, write_weights) -> Path:
+def _commit(folder: Path, name: str, state: TrainerState, keep: int, write_weights, keep_every: int = 0) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     final, partial = folder / name, folder / f"{name}.partial"
     shutil.rmtree(partial, ignore_errors=True)
@@ -139,8 +141,15 @@ def _commit(folder: Path, name: str, state: TrainerState, keep: int, write_weigh
     shutil.rmtree(final, ignore_errors=True)
     os.replace(partial, final)
     for old in _complete(folder)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+        if not (keep_every and _kept_for_good(old.name, keep_every)):
+            shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _kept_for_good(name: str, keep_every: int) -> bool:
+    """A step's own checkpoint (not a drops-only commit) of a step that is a multiple of `keep_every`."""
+    step = name.removeprefix("step-")
+    return step.isdigit() and int(step) % keep_every == 0
 
 
 def _complete(folder: Path) -> list[Path]:

@@ -134,7 +134,8 @@ class Trainer:
             self.state.positions = dict(self.consumer.positions)
             self.state.seen = self.consumer.accounted_ids()
             saved = checkpoint.save(self.settings.checkpoint_dir, self.model, self.optimizer, self.state,
-                                    keep=self.settings.keep_checkpoints)
+                                    keep=self.settings.keep_checkpoints,
+                                    keep_every=self.settings.keep_checkpoint_every)
             # Step 6
             self._send_outbox(saved)
         self._ready_since = time.monotonic()
@@ -150,7 +151,8 @@ class Trainer:
         self.state.positions = dict(self.consumer.positions)
         self.state.seen = self.consumer.accounted_ids()
         saved = checkpoint.save_drops(self.settings.checkpoint_dir, checkpoint.latest(self.settings.checkpoint_dir),
-                                      self.model, self.optimizer, self.state, keep=self.settings.keep_checkpoints)
+                                      self.model, self.optimizer, self.state, keep=self.settings.keep_checkpoints,
+                                      keep_every=self.settings.keep_checkpoint_every)
         self._send_outbox(saved)
         logger.info("reported %s while no batch formed", ", ".join(f"{len(v)} {k}" for k, v in drops.items()))
 

@@ -76,7 +76,10 @@ class TrainerSettings(BaseModel):
     checkpoint_dir: Path = Path("runs/default/trainer")
     """Where the trainer's checkpoints go (local disk)."""
     keep_checkpoints: int = Field(default=2, ge=1)
-    """Checkpoints kept."""
+    """The newest checkpoints kept (a restart needs only the last)."""
+    keep_checkpoint_every: int = Field(default=0, ge=0)
+    """Also keep the checkpoint of every N-th step for good (0: none): the starting points
+    `rollwire replay train --from-step` can retrain from."""
     seed: int = 0
     """Torch seed: the CPU path is deterministic for a given seed and batch order."""
 

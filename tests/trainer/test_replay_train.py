@@ -24,7 +24,7 @@ STEPS = 6
 
 def settings(tmp_path, tiny_policy, **changes) -> TrainerSettings:
     return TrainerSettings(model=ModelSettings(path=str(tiny_policy)), lr=3e-3, micro_batch_rollouts=3,
-                           checkpoint_dir=tmp_path / "ckpt", keep_checkpoints=STEPS + 2,
+                           checkpoint_dir=tmp_path / "ckpt", keep_checkpoints=1, keep_checkpoint_every=2,
                            batch={"batch_rollouts": 8, "max_off_policy": 2}, **changes)
 
 
@@ -89,13 +89,13 @@ def test_re_scored_rollouts_train_other_weights_and_the_report_says_by_how_much(
     flipped = [s.model_copy(update={"advantage": -s.advantage}) for s in scored_rollouts()]
     send(log, shadow, [s for s in flipped if s.rollout.rollout_id != "r300"])  # the shadow dropped one
 
-    result = replay.train_into(log, topics, shadow, shadow, store, train_settings, from_step=3)
+    result = replay.train_into(log, topics, shadow, shadow, store, train_settings, from_step=2)
 
-    assert [s.identical for s in result.steps] == [False] * (STEPS - 3)
+    assert [s.identical for s in result.steps] == [False] * (STEPS - 2)
     assert all(s.max_abs_diff > 1e-4 for s in result.steps)
     assert [rid for s in result.steps for rid in s.missing] in ([], ["r300"])  # r300 only if a later step took it
     report = replay.report_markdown(result)
-    assert "0 of 3 published versions are byte for byte" in report and "Largest absolute weight difference" in report
+    assert "0 of 4 published versions are byte for byte" in report and "Largest absolute weight difference" in report
 
 
 def test_targets_that_would_touch_the_run_and_missing_checkpoints_are_refused(log, topics, tmp_path, tiny_policy):
@@ -142,5 +142,5 @@ def test_the_command_retrains_a_run_directory_and_writes_the_report(tmp_path, ti
     assert (run_dir / "replays" / "rec-again" / "train-report.md").read_text().startswith("# Replay train: `rec`")
     again = replay_cli("--into", "rec-again", "--from-step", "4")
     assert again.returncode == 2 and "already holds trainer steps" in again.stderr
-    gone = replay_cli("--into", "rec-other", "--from-step", "1", "--to-step", "2")
-    assert gone.returncode == 0, gone.stderr  # every checkpoint kept: keep_checkpoints = 8
+    gone = replay_cli("--into", "rec-other", "--from-step", "3")  # only steps 2, 4 and 6 are kept
+    assert gone.returncode == 2 and "no checkpoint of step 3" in gone.stderr and "keeps steps 2, 4, 6" in gone.stderr
