@@ -3,19 +3,31 @@
 Rows with a `prompt` (raw text) go to `/v1/completions`; rows with `messages` go to
 `/v1/chat/completions`. No logprobs or token ids are asked for, so API models that return none
 work too: this path scores text, it never produces training data.
+
+An A/B compares published weight versions (a run's, and a `replay train` counterfactual's) on
+the same rows: `evaluate_versions` loads each into one vLLM server in turn and evaluates it.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import itertools
+import re
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from rollwire.errors import RollwireError
+from rollwire.bus import EventLog, HeldDeadLetters, TopicError, read_to_end
+from rollwire.consumers.vllm_control import VllmControl
+from rollwire.errors import ConfigError, RollwireError
 from rollwire.http import HttpError, JsonClient
+from rollwire.objectstore import ObjectStore
 from rollwire.producers.tasksets import RolloutView, Taskset
+from rollwire.schemas.topics import Topics
+from rollwire.schemas.weights import WeightsPublished
+from rollwire.weight_versions import fetch
 
 
 class EndpointError(RollwireError):
@@ -47,14 +59,18 @@ class OpenAIEndpoint:
         except HttpError as exc:
             raise EndpointError(str(exc)) from exc
 
-    def answer(self, row: dict[str, Any], *, temperature: float, max_tokens: int) -> tuple[str, str | None]:
-        """The model's text for a row, and its finish reason."""
+    def answer(self, row: dict[str, Any], *, temperature: float, max_tokens: int) -> tuple[str, str | None, int]:
+        """The model's text for a row, its finish reason, and the tokens it generated (0 when the
+        endpoint reports no usage)."""
         params = {"temperature": temperature, "max_tokens": max_tokens}
         if "messages" in row:
-            choice = self._post("/chat/completions", {"messages": row["messages"], **params})["choices"][0]
-            return choice["message"]["content"] or "", choice.get("finish_reason")
-        choice = self._post("/completions", {"prompt": row["prompt"], **params})["choices"][0]
-        return choice["text"], choice.get("finish_reason")
+            reply = self._post("/chat/completions", {"messages": row["messages"], **params})
+            text = reply["choices"][0]["message"]["content"] or ""
+        else:
+            reply = self._post("/completions", {"prompt": row["prompt"], **params})
+            text = reply["choices"][0]["text"]
+        tokens = (reply.get("usage") or {}).get("completion_tokens") or 0
+        return text, reply["choices"][0].get("finish_reason"), int(tokens)
 
 
 def evaluate(taskset: Taskset, endpoint: OpenAIEndpoint, *, limit: int, samples: int = 1, temperature: float = 0.0,
@@ -64,10 +80,10 @@ def evaluate(taskset: Taskset, endpoint: OpenAIEndpoint, *, limit: int, samples:
 
     def one(row: dict, sample: int) -> EvalResult:
         try:
-            text, finish = endpoint.answer(row, temperature=temperature, max_tokens=max_tokens)
+            text, finish, tokens = endpoint.answer(row, temperature=temperature, max_tokens=max_tokens)
         except EndpointError as exc:
             return EvalResult(row["task_id"], sample, "", None, {}, 0.0, {}, str(exc))
-        judged = taskset.judge(RolloutView(task=row, completion=text, finish_reason=finish))
+        judged = taskset.judge(RolloutView(task=row, completion=text, finish_reason=finish, completion_tokens=tokens))
         return EvalResult(row["task_id"], sample, text, finish, judged.rewards, judged.reward, judged.metrics,
                           judged.error.message if judged.error else None)
 
@@ -91,3 +107,52 @@ def summary(results: list[EvalResult]) -> dict[str, float]:
         out[name] = statistics.fmean(v for v in values if v is not None)
     out["error_rate"] = 1 - len(scored) / len(results) if results else 0.0
     return out
+
+
+@dataclass(frozen=True)
+class Contender:
+    """One row of an A/B evaluation: a published weight version, under a label."""
+
+    label: str
+    weights: WeightsPublished
+
+
+def published_version(log: EventLog, topics: Sequence[Topics], policy: str, version: int) -> WeightsPublished:
+    """The `WeightsPublished` event of `policy` version `version`, looked up on each of `topics`'
+    weights topic (a run's own, or a `replay train` shadow's); `ConfigError` lists what exists."""
+    found: dict[tuple[str, int], WeightsPublished] = {}
+    for t in topics:
+        try:
+            deliveries = list(read_to_end(log, [t.weights], HeldDeadLetters("eval")))
+        except TopicError:
+            continue
+        for d in deliveries:
+            if isinstance(d.event, WeightsPublished):
+                found.setdefault((d.event.policy, d.event.version), d.event)
+    if (policy, version) not in found:
+        versions = sorted(v for p, v in found if p == policy)
+        known = (f"{policy} has versions {versions[0]}..{versions[-1]}" if versions
+                 else f"known policies: {', '.join(sorted({p for p, _ in found})) or 'none'}")
+        raise ConfigError(f"no weights of {policy}@{version} were published under "
+                          f"{', '.join(repr(t.prefix) for t in topics)}: {known}")
+    return found[(policy, version)]
+
+
+def evaluate_versions(taskset: Taskset, contenders: Sequence[Contender], *, store: ObjectStore,
+                      control: VllmControl, base_url: str, served_model: str, work_dir: Path,
+                      **kwargs: Any) -> list[tuple[str, list[EvalResult]]]:
+    """Each contender's weights fetched (verified), loaded into one running vLLM server (a full
+    version hot-swapped in, an adapter loaded beside the base), then `evaluate`d: the same rows,
+    sampling and judge for every row of the comparison. `kwargs` go to `evaluate`."""
+    rows = []
+    for index, contender in enumerate(contenders):
+        folder = work_dir / f"contender-{index}"
+        fetch(store, contender.weights.uri, contender.weights.manifest_sha256, folder)
+        if contender.weights.format == "full":
+            control.swap_full_weights(str(folder.resolve()), contender.label)
+            model = served_model
+        else:
+            model = "eval-" + re.sub(r"[^A-Za-z0-9_.-]", "-", contender.label)
+            control.load_lora(model, str(folder.resolve()))
+        rows.append((contender.label, evaluate(taskset, OpenAIEndpoint(base_url, model), **kwargs)))
+    return rows

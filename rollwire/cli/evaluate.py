@@ -17,10 +17,17 @@ def add_evaluate(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n  rollwire eval reverse-digits --base-url http://127.0.0.1:8000/v1 --model policy -n 50\n"
                "  rollwire eval math-word --option path=data/gsm8k_test.jsonl --base-url https://api.example/v1 "
-               "--model some-model")
+               "--model some-model\n"
+               "  rollwire eval reverse-digits --run-dir runs/demo --version policy@150 --version demo-fixed@150 -n 200")
     evaluate.add_argument("environment", help="registered taskset, e.g. reverse-digits or math-word")
-    evaluate.add_argument("--base-url", required=True, help="OpenAI-compatible base URL, ending in /v1")
-    evaluate.add_argument("--model", required=True, help="model name the endpoint serves")
+    evaluate.add_argument("--base-url", help="OpenAI-compatible base URL, ending in /v1")
+    evaluate.add_argument("--model", action="append", default=[],
+                          help="model name the endpoint serves (repeat to compare several: a row each)")
+    ab = evaluate.add_argument_group("A/B of published weight versions (instead of --base-url)")
+    ab.add_argument("--run-dir", type=Path, help="a run's directory: its store, log and inference settings")
+    ab.add_argument("--version", action="append", default=[], metavar="POLICY@V",
+                    help="a published version, e.g. policy@150 (the run's) or demo-fixed@150 (a replay's); "
+                         "repeat: each is loaded into one managed vLLM server in turn, a row each")
     evaluate.add_argument("-n", "--limit", type=int, default=20, help="rows to evaluate (default: %(default)s)")
     evaluate.add_argument("--samples", type=int, default=1, help="answers per row (default: %(default)s)")
     evaluate.add_argument("--temperature", type=float, default=0.0, help="(default: %(default)s)")
@@ -53,23 +60,78 @@ def cmd_eval(args: argparse.Namespace) -> int:
             raise SystemExit(f"rollwire eval: --option {item!r} needs the form KEY=VALUE")
         options[key] = _option_value(value)
     taskset = load_taskset(args.environment, **options)
-    endpoint = OpenAIEndpoint(args.base_url, args.model, api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"))
+    settings = {"limit": args.limit, "samples": args.samples, "temperature": args.temperature,
+                "max_tokens": args.max_tokens, "concurrency": args.concurrency}
     console = Console(stderr=True)
     with Progress(console=console, transient=True) as progress:
-        bar = progress.add_task(f"{args.environment} on {args.model}", total=args.limit * args.samples)
-        results = evaluate(taskset, endpoint, limit=args.limit, samples=args.samples, temperature=args.temperature,
-                           max_tokens=args.max_tokens, concurrency=args.concurrency,
-                           on_result=lambda _: progress.advance(bar))
+        def bar(label: str):
+            task = progress.add_task(f"{args.environment} on {label}", total=args.limit * args.samples)
+            return lambda _: progress.advance(task)
+
+        if args.run_dir is not None:
+            rows = _versions(args, taskset, settings, bar)
+        elif args.base_url and args.model:
+            key = os.environ.get("OPENAI_API_KEY", "EMPTY")
+            rows = [(m, evaluate(taskset, OpenAIEndpoint(args.base_url, m, api_key=key), on_result=bar(m), **settings))
+                    for m in args.model]
+        else:
+            raise SystemExit("rollwire eval: give --base-url and --model, or --run-dir and --version POLICY@V")
     if args.out:
         with open(args.out, "w") as out:
-            for r in results:
-                out.write(json.dumps(r.__dict__) + "\n")
-    table = Table(title=f"{args.environment}: {len(results)} answers from {args.model}")
-    table.add_column("score")
-    table.add_column("mean", justify="right")
-    scores = summary(results)
-    for name, value in scores.items():
-        table.add_row(name, f"{value:.3f}")
+            for label, results in rows:
+                for r in results:
+                    out.write(json.dumps({"model": label, **r.__dict__}) + "\n")
+    summaries = [(label, len(results), summary(results)) for label, results in rows]
+    names = list(dict.fromkeys(name for _, _, scores in summaries for name in scores))
+    table = Table(title=f"{args.environment}: {args.limit * args.samples} answers from each")
+    table.add_column("model")
+    for name in names:
+        table.add_column(name, justify="right")
+    for label, _, scores in summaries:
+        table.add_row(label, *(f"{scores[n]:.3f}" if n in scores else "—" for n in names))
     Console().print(table)
-    print(json.dumps({"environment": args.environment, "model": args.model, "answers": len(results), **scores}))
+    for label, answers, scores in summaries:
+        print(json.dumps({"environment": args.environment, "model": label, "answers": answers, **scores}))
     return 0
+
+
+def _versions(args: argparse.Namespace, taskset, settings: dict, bar) -> list:
+    """`--run-dir` with `--version`s: one managed vLLM server on the run's base model, each version
+    loaded into it in turn and evaluated."""
+    import tempfile
+
+    from rollwire.bus import open_log
+    from rollwire.consumers.vllm_server import VllmServer
+    from rollwire.objectstore import open_store
+    from rollwire.producers.evaluate import Contender, evaluate_versions, published_version
+    from rollwire.run.recipe import RunRecipe
+    from rollwire.schemas.topics import Topics
+    if not args.version:
+        raise SystemExit("rollwire eval: --run-dir needs one --version POLICY@V or more")
+    recipe_path = args.run_dir / "recipe.json"
+    if not recipe_path.is_file():
+        raise SystemExit(f"rollwire eval: {args.run_dir} holds no recipe.json: give the directory of a run")
+    recipe = RunRecipe.model_validate_json(recipe_path.read_text())
+    contenders = []
+    with open_log(recipe.bus) as log:
+        for text in args.version:
+            policy, sep, number = text.rpartition("@")
+            if not sep or not number.isdigit():
+                raise SystemExit(f"rollwire eval: --version {text!r} must be POLICY@VERSION, e.g. policy@150")
+            topics = [Topics(recipe.topic_prefix)] + ([Topics(policy)] if policy != recipe.topic_prefix else [])
+            contenders.append(Contender(text, published_version(log, topics, policy, int(number))))
+    server_settings = recipe.server_settings().model_copy(
+        update={"enable_lora": True, "log_path": args.run_dir / "logs" / "eval-vllm.log"})
+    server = VllmServer(server_settings)
+    server.start()
+    try:
+        with tempfile.TemporaryDirectory() as work:
+            results: list = []
+            for contender in contenders:  # a bar each, as each version's turn comes
+                results += evaluate_versions(
+                    taskset, [contender], store=open_store(recipe.store), control=server.control,
+                    base_url=f"{server.base_url}/v1", served_model=server_settings.served_model_name,
+                    work_dir=Path(work) / str(len(results)), on_result=bar(contender.label), **settings)
+    finally:
+        server.stop()
+    return results

@@ -47,3 +47,56 @@ def test_an_unreachable_endpoint_is_reported_per_answer_not_fatal(tmp_path):
                             timeout=120)
     assert result.returncode == 0
     assert json.loads(result.stdout.strip().splitlines()[-1])["error_rate"] == 1.0
+
+
+def test_published_versions_are_compared_on_the_same_rows_each_with_its_own_weights(vllm_server, tiny_models,
+                                                                                   tmp_path, version_base):
+    from rollwire.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
+    from rollwire.errors import ConfigError
+    from rollwire.objectstore import LocalStore
+    from rollwire.producers.evaluate import Contender, evaluate_versions, published_version
+    from rollwire.schemas import Topics, WeightsPublished
+    from rollwire.weight_versions import publish
+
+    store, run, shadow = LocalStore(tmp_path / "store"), Topics("run"), Topics("run-fixed")
+    log = open_log(EmbeddedBusSettings(path=tmp_path / "log"))
+    for topics, policy, seed in ((run, "policy", 1), (shadow, "run-fixed", 2)):  # the run's, a replay's
+        log.create_topics(catalog_topics(topics))
+        producer = EventProducer(log.producer(), topics, name="trainer")
+        done = publish(store, tiny_models.version(seed=seed), f"{policy}/v00000007", policy=policy, version=7,
+                       step=7, base_model="tiny")
+        producer.send(topics.weights, WeightsPublished(policy=policy, version=7, step=7, uri=done.uri,
+                                                       manifest_sha256=done.manifest_sha256, base_model="tiny"),
+                      key=policy)
+        producer.close()
+    contenders = [Contender("policy@7", published_version(log, [run], "policy", 7)),
+                  Contender("run-fixed@7", published_version(log, [run, shadow], "run-fixed", 7))]
+    with pytest.raises(ConfigError, match="policy has versions 7..7"):
+        published_version(log, [run], "policy", 8)
+
+    rows = evaluate_versions(load_taskset("reverse-digits", seed=3), contenders, store=store,
+                             control=vllm_server.control, base_url=f"{vllm_server.base_url}/v1", served_model="policy",
+                             work_dir=tmp_path / "work", limit=6, max_tokens=8)
+    vllm_server.control.swap_full_weights(str(tiny_models.base), str(version_base))  # as other tests expect
+
+    assert [label for label, _ in rows] == ["policy@7", "run-fixed@7"]
+    (_, first), (_, second) = rows
+    assert [r.task_id for r in first] == [r.task_id for r in second] and all(r.error is None for r in first + second)
+    # Greedy answers from two different random models: the rows were not served by one set of weights.
+    assert [r.completion for r in first] != [r.completion for r in second]
+    alone = evaluate_versions(load_taskset("reverse-digits", seed=3), contenders[:1], store=store,
+                              control=vllm_server.control, base_url=f"{vllm_server.base_url}/v1",
+                              served_model="policy", work_dir=tmp_path / "again", limit=6, max_tokens=8)
+    vllm_server.control.swap_full_weights(str(tiny_models.base), str(version_base))
+    assert [r.completion for r in alone[0][1]] == [r.completion for r in first]  # each row is its version's
+    log.close()
+
+
+def test_several_models_of_one_endpoint_print_a_row_each(vllm_server):
+    result = subprocess.run([sys.executable, "-m", "rollwire.cli", "eval", "reverse-digits", "-n", "2",
+                             "--max-tokens", "4", "--base-url", f"{vllm_server.base_url}/v1",
+                             "--model", "policy", "--model", "no-such-model"], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [json.loads(line) for line in result.stdout.strip().splitlines()[-2:]]
+    assert [(r["model"], r["error_rate"]) for r in rows] == [("policy", 0.0), ("no-such-model", 1.0)]
