@@ -39,11 +39,14 @@ def rollouts(groups: int, size: int, prefix: str = "bench"):
                               lengths=[20 + (g * i) % 40 for i in range(size)])]
 
 
-def group_options(description: str, default_groups: int) -> argparse.Namespace:
-    """`--groups` and `--group-size`, the shape of the generated rollouts every scorer bench takes."""
+def group_options(description: str, default_groups: int, extra=None) -> argparse.Namespace:
+    """`--groups` and `--group-size`, the shape of the generated rollouts every scorer bench takes;
+    `extra(parser)` adds a bench's own options."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--groups", type=int, default=default_groups, help="groups (default %(default)s)")
     parser.add_argument("--group-size", type=int, default=8, help="rollouts per group (default %(default)s)")
+    if extra is not None:
+        extra(parser)
     return parser.parse_args()
 
 

@@ -22,12 +22,19 @@ class FeedbackReceived(Event):
     type: Literal["feedback.received"] = "feedback.received"
     feedback_id: str = Field(default_factory=new_id)
     """Unique per feedback; consumers dedupe on it."""
-    conversation_id: str
-    """The conversation the judged response belongs to."""
+    conversation_id: str | None = None
+    """The conversation the judged response belongs to; None when only a receipt names it."""
     source: str
     """The application that collected the feedback."""
     kind: Literal["rating", "correction", "preference"]
     """A score, a corrected response, or a choice between two responses."""
+    response_id: str | None = None
+    """The receipt of the judged response (the id `rollwire serve` returned with it), when it was
+    served by rollwire; the joiner finds the served tokens from it."""
+    response_ids: list[str] = Field(default_factory=list)
+    """For `preference` between two served responses: their receipts, in order."""
+    candidates: list[str] = Field(default_factory=list)
+    """For `preference` between two responses served elsewhere: their texts, in order."""
     prompt_token_ids: list[int] = Field(default_factory=list)
     """The prompt as served, when the app recorded token ids; empty otherwise."""
     completion_token_ids: list[int] = Field(default_factory=list)
@@ -55,4 +62,18 @@ class FeedbackReceived(Event):
             raise ValueError(f"feedback of kind {self.kind!r} needs the field {field!r}")
         if self.rating is not None and not -1.0 <= self.rating <= 1.0:
             raise ValueError(f"rating {self.rating} must lie in [-1, 1]")
+        if self.kind == "preference":
+            if len(self.response_ids) != 2 and len(self.candidates) != 2:
+                raise ValueError("a preference needs the two responses: response_ids (two receipts) or candidates "
+                                 "(two texts)")
+            if self.preferred_index not in (0, 1):
+                raise ValueError(f"preferred_index {self.preferred_index} must be 0 or 1")
+        elif not (self.response_id or self.messages or self.completion_token_ids):
+            raise ValueError(f"a {self.kind} needs the response it judges: response_id (a receipt), messages, "
+                             "or prompt_token_ids and completion_token_ids")
         return self
+
+    @property
+    def key(self) -> str:
+        """The `feedback` topic key: the conversation, or the receipt when the conversation is not known."""
+        return self.conversation_id or self.response_id or (self.response_ids or [self.feedback_id])[0]

@@ -13,10 +13,14 @@ what would have been trained instead. Nothing is written to the live run's topic
 from __future__ import annotations
 
 import hashlib
+import heapq
 import importlib.util
+import itertools
 import math
 import numbers
-import statistics
+import random
+import sqlite3
+import tempfile
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -91,7 +95,8 @@ def judge_again(log: EventLog, live: Topics, module: RewardModule, dead_letters:
     """New rewards for every usable recorded rollout: its task row from `tasks`, the answer the
     harness returned from `traces`, judged by `module`. Raises `ConfigError` if any is missing."""
     tasks = {d.event.group_id: d.event.task for d in read_to_end(log, [live.tasks], dead_letters)}
-    traces = {d.event.rollout_id: d.event for d in read_to_end(log, [live.traces], dead_letters)}
+    traces = {d.event.rollout_id: (d.event.completion, d.event.finish_reason)  # the answer, not the whole trace
+              for d in read_to_end(log, [live.traces], dead_letters)}
     out: dict[str, Rewards] = {}
     for delivery in read_to_end(log, [live.rollouts], dead_letters):
         rollout = delivery.event
@@ -101,9 +106,9 @@ def judge_again(log: EventLog, live: Topics, module: RewardModule, dead_letters:
             missing = "task" if rollout.group_id not in tasks else "trace"
             raise ConfigError(f"the run recorded no {missing} for rollout {rollout.rollout_id}: its rewards cannot be "
                               "computed again (runs from before traces held the answer cannot use --reward-module)")
-        trace = traces[rollout.rollout_id]
-        view = RolloutView(task=dict(tasks[rollout.group_id]), completion=trace.completion,
-                           completion_tokens=sum(rollout.loss_mask), finish_reason=trace.finish_reason)
+        completion, finish_reason = traces[rollout.rollout_id]
+        view = RolloutView(task=dict(tasks[rollout.group_id]), completion=completion,
+                           completion_tokens=sum(rollout.loss_mask), finish_reason=finish_reason)
         out[rollout.rollout_id] = module.judge(rollout.rollout_id, view)
     return out
 
@@ -148,35 +153,152 @@ def rescore(deliveries: Iterable[Delivery], scorer: GroupScorer, *, algorithms: 
     yield from tick(now + math.ceil(scorer.settings.group_timeout_s * 1000))
 
 
+class Stats:
+    """Count, mean and spread of a stream of numbers (Welford), and a fixed-size random sample of
+    it for histograms: the same memory for a thousand rollouts or a million."""
+
+    def __init__(self, sample_size: int = 20_000, seed: int = 0) -> None:
+        self.count, self.mean, self._m2 = 0, 0.0, 0.0
+        self.sample: list[float] = []
+        self._sample_size, self._rng = sample_size, random.Random(seed)
+
+    def add(self, value: float) -> None:
+        self.count += 1
+        delta = value - self.mean
+        self.mean += delta / self.count
+        self._m2 += delta * (value - self.mean)
+        if len(self.sample) < self._sample_size:  # reservoir sampling
+            self.sample.append(value)
+        elif (slot := self._rng.randrange(self.count)) < self._sample_size:
+            self.sample[slot] = value
+
+    @property
+    def spread(self) -> float:
+        """Population standard deviation."""
+        return math.sqrt(self._m2 / self.count) if self.count > 1 else 0.0
+
+    def describe(self) -> str:
+        if not self.count:
+            return "–"
+        return f"{round(self.mean, 3) + 0.0:+.3f} ± {self.spread:.3f}"  # + 0.0: no "-0.000"
+
+
 @dataclass
 class EnvironmentChange:
     """Before and after, for one environment's rollouts scored in both."""
 
     rollouts: int = 0
-    rewards_before: list[float] = field(default_factory=list)
-    rewards_after: list[float] = field(default_factory=list)
-    advantages_before: list[float] = field(default_factory=list)
-    advantages_after: list[float] = field(default_factory=list)
+    rewards_before: Stats = field(default_factory=Stats)
+    rewards_after: Stats = field(default_factory=Stats)
+    advantages_before: Stats = field(default_factory=lambda: Stats(seed=1))
+    advantages_after: Stats = field(default_factory=lambda: Stats(seed=1))  # the same seed: the same rollouts sampled
     sign_flips: int = 0
 
 
 @dataclass
 class Comparison:
-    """The recorded scored events against the replayed ones, by rollout id."""
+    """The recorded scored events against the replayed ones, by rollout id. Counts, statistics and
+    the largest changes only: its size does not grow with the run."""
 
     identical: int = 0
     """Rollouts whose replayed event equals the recorded one in every field."""
-    changed: list[tuple[str, float, float]] = field(default_factory=list)
-    """(rollout id, advantage before, after) of rollouts scored in both with another result."""
-    only_recorded: list[str] = field(default_factory=list)
-    only_replayed: list[str] = field(default_factory=list)
+    changed: int = 0
+    """Rollouts scored in both with another result."""
+    largest: list[tuple[str, float, float]] = field(default_factory=list)
+    """(rollout id, advantage before, after) of the `LARGEST_KEPT` largest advantage changes."""
+    only_recorded: int = 0
+    only_replayed: int = 0
+    examples: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    """A few rollout or group ids of each kind: `only_recorded`, `only_replayed`, `zero_signal`."""
     environments: dict[str, EnvironmentChange] = field(default_factory=lambda: defaultdict(EnvironmentChange))
-    zero_signal_groups: list[str] = field(default_factory=list)
+    zero_signal_groups: int = 0
     """Groups whose advantages were not all zero as recorded and are after the replay."""
 
     @property
     def unchanged(self) -> bool:
         return not (self.changed or self.only_recorded or self.only_replayed)
+
+
+LARGEST_KEPT = 50
+"""Largest advantage changes a comparison keeps (the report shows the first ten)."""
+EXAMPLES_KEPT = 5
+
+
+class Comparer:
+    """Compares replayed scored events, as the replay writes them, with the recorded ones. The
+    recorded summaries wait in a temporary SQLite file keyed by rollout id, so memory stays the
+    same however long the run was; replayed events arrive a whole group at a time."""
+
+    def __init__(self, recorded: Iterable[tuple[str, Summary]], folder: Path) -> None:
+        self.result = Comparison()
+        self._db = sqlite3.connect(folder / "recorded.sqlite", isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=OFF")
+        self._db.execute("PRAGMA synchronous=OFF")
+        self._db.execute("CREATE TABLE recorded (rollout_id TEXT PRIMARY KEY, environment TEXT, group_id TEXT, "
+                         "reward REAL, advantage REAL, digest BLOB)")
+        self._db.execute("BEGIN")
+        rows = ((rid, s.environment, s.group_id, s.reward, s.advantage, s.digest) for rid, s in recorded)
+        while chunk := list(itertools.islice(rows, 10_000)):  # a group scored twice counts once: its last scoring
+            self._db.executemany("INSERT OR REPLACE INTO recorded VALUES (?, ?, ?, ?, ?, ?)", chunk)
+        self._db.execute("COMMIT")
+        self._group: str | None = None
+        self._before: list[float] = []
+        self._after: list[float] = []
+        self._largest: list[tuple[float, str, float, float]] = []  # a min-heap on |change|
+
+    def add(self, rollout_id: str, new: Summary) -> None:
+        """One replayed scored event."""
+        row = self._db.execute("DELETE FROM recorded WHERE rollout_id = ? "
+                               "RETURNING environment, group_id, reward, advantage, digest", (rollout_id,)).fetchone()
+        result = self.result
+        if row is None:
+            result.only_replayed += 1
+            self._example("only_replayed", rollout_id)
+            return
+        environment, group_id, reward, a_old, digest = row
+        if group_id != self._group:
+            self._close_group()
+            self._group = group_id
+        a_new = new.advantage
+        env = result.environments[environment]
+        env.rollouts += 1
+        env.rewards_before.add(reward)
+        env.rewards_after.add(new.reward)
+        env.advantages_before.add(a_old)
+        env.advantages_after.add(a_new)
+        env.sign_flips += (a_old > 0 > a_new) or (a_old < 0 < a_new)
+        self._before.append(a_old)
+        self._after.append(a_new)
+        if digest == new.digest:
+            result.identical += 1
+            return
+        result.changed += 1
+        entry = (abs(a_new - a_old), rollout_id, a_old, a_new)
+        if len(self._largest) < LARGEST_KEPT:
+            heapq.heappush(self._largest, entry)
+        else:
+            heapq.heappushpop(self._largest, entry)
+
+    def _close_group(self) -> None:
+        if self._group is not None and all(v == 0 for v in self._after) and any(v != 0 for v in self._before):
+            self.result.zero_signal_groups += 1
+            self._example("zero_signal", self._group)
+        self._before, self._after = [], []
+
+    def _example(self, kind: str, rollout_id: str) -> None:
+        if len(self.result.examples[kind]) < EXAMPLES_KEPT:
+            self.result.examples[kind].append(rollout_id)
+
+    def finish(self) -> Comparison:
+        """The comparison; recorded events no replayed one matched count as `only_recorded`."""
+        self._close_group()
+        result = self.result
+        result.only_recorded = self._db.execute("SELECT COUNT(*) FROM recorded").fetchone()[0]
+        result.examples["only_recorded"] = [r for (r,) in self._db.execute(
+            "SELECT rollout_id FROM recorded ORDER BY rollout_id LIMIT ?", (EXAMPLES_KEPT,))]
+        result.largest = [(rid, old, new) for _, rid, old, new in sorted(self._largest, reverse=True)]
+        self._db.close()
+        return result
 
 
 def _advantage(event: ScoredRollout) -> float:
@@ -237,63 +359,36 @@ def recorded_summaries(log: EventLog, topic: str, dead_letters: DeadLetters) -> 
 
 def compare(recorded: Iterable[ScoredRollout | tuple[str, Summary]],
             replayed: Iterable[ScoredRollout | tuple[str, Summary]]) -> Comparison:
-    """Recorded against replayed scored events (or `(rollout id, Summary)` pairs), by rollout id; a
-    group scored twice as recorded (at-least-once) counts once, its last scoring."""
-    def by_id(items: Iterable[ScoredRollout | tuple[str, Summary]]) -> dict[str, Summary]:
-        return dict(item if isinstance(item, tuple) else (item.rollout.rollout_id, Summary.of(item)) for item in items)
+    """Recorded against replayed scored events (or `(rollout id, Summary)` pairs), by rollout id;
+    a group scored twice as recorded (at-least-once) counts once, its last scoring."""
+    def pairs(items: Iterable[ScoredRollout | tuple[str, Summary]]) -> Iterator[tuple[str, Summary]]:
+        return (item if isinstance(item, tuple) else (item.rollout.rollout_id, Summary.of(item)) for item in items)
 
-    before, after = by_id(recorded), by_id(replayed)
-    result = Comparison()
-    result.only_recorded = sorted(before.keys() - after.keys())
-    result.only_replayed = sorted(after.keys() - before.keys())
-    groups_before: dict[str, list[float]] = defaultdict(list)
-    groups_after: dict[str, list[float]] = defaultdict(list)
-    for rollout_id in sorted(before.keys() & after.keys()):
-        old, new = before[rollout_id], after[rollout_id]
-        a_old, a_new = old.advantage, new.advantage
-        env = result.environments[old.environment]
-        env.rollouts += 1
-        env.rewards_before.append(old.reward)
-        env.rewards_after.append(new.reward)
-        env.advantages_before.append(a_old)
-        env.advantages_after.append(a_new)
-        env.sign_flips += (a_old > 0 > a_new) or (a_old < 0 < a_new)
-        groups_before[old.group_id].append(a_old)
-        groups_after[new.group_id].append(a_new)
-        if old.digest == new.digest:
-            result.identical += 1
-        else:
-            result.changed.append((rollout_id, a_old, a_new))
-    result.zero_signal_groups = sorted(g for g, values in groups_after.items()
-                                       if all(v == 0 for v in values) and any(v != 0 for v in groups_before[g]))
-    return result
-
-
-def _stats(values: list[float]) -> str:
-    if not values:
-        return "–"
-    spread = statistics.pstdev(values) if len(values) > 1 else 0.0
-    return f"{round(statistics.fmean(values), 3) + 0.0:+.3f} ± {spread:.3f}"  # + 0.0: no "-0.000"
+    with tempfile.TemporaryDirectory(prefix="rollwire-replay-") as folder:
+        comparer = Comparer(pairs(recorded), Path(folder))
+        for rollout_id, summary in pairs(replayed):
+            comparer.add(rollout_id, summary)
+        return comparer.finish()
 
 
 def report_markdown(comparison: Comparison, *, run: str, shadow: str, what: str, largest: int = 10) -> str:
     """The report `rollwire replay score` prints and writes."""
+    zero = comparison.examples.get("zero_signal", [])
     lines = [f"# Replay of `{run}` into `{shadow}`", "", what, "",
-             f"- rollouts scored in both: {comparison.identical + len(comparison.changed)}, "
-             f"identical: {comparison.identical}, changed: {len(comparison.changed)}",
-             f"- scored only as recorded: {len(comparison.only_recorded)}; only in the replay: "
-             f"{len(comparison.only_replayed)}",
-             f"- groups that lost all signal (every advantage now 0): {len(comparison.zero_signal_groups)}"
-             + (f" — {', '.join(comparison.zero_signal_groups[:5])}" if comparison.zero_signal_groups else ""),
+             f"- rollouts scored in both: {comparison.identical + comparison.changed}, "
+             f"identical: {comparison.identical}, changed: {comparison.changed}",
+             f"- scored only as recorded: {comparison.only_recorded}; only in the replay: {comparison.only_replayed}",
+             f"- groups that lost all signal (every advantage now 0): {comparison.zero_signal_groups}"
+             + (f" — {', '.join(zero)}" if zero else ""),
              "", "| environment | rollouts | reward before | reward after | advantage before | advantage after "
              "| sign flips |", "|---|---|---|---|---|---|---|"]
     for name, env in sorted(comparison.environments.items()):
-        lines.append(f"| {name} | {env.rollouts} | {_stats(env.rewards_before)} | {_stats(env.rewards_after)} | "
-                     f"{_stats(env.advantages_before)} | {_stats(env.advantages_after)} | {env.sign_flips} |")
+        lines.append(f"| {name} | {env.rollouts} | {env.rewards_before.describe()} | {env.rewards_after.describe()} | "
+                     f"{env.advantages_before.describe()} | {env.advantages_after.describe()} | {env.sign_flips} |")
     if comparison.changed:
-        lines += ["", f"Largest advantage changes (of {len(comparison.changed)}):", "",
+        lines += ["", f"Largest advantage changes (of {comparison.changed}):", "",
                   "| rollout | advantage before | after |", "|---|---|---|"]
-        for rollout_id, old, new in sorted(comparison.changed, key=lambda c: -abs(c[2] - c[1]))[:largest]:
+        for rollout_id, old, new in comparison.largest[:largest]:
             lines.append(f"| {rollout_id} | {old:+.4f} | {new:+.4f} |")
     return "\n".join(lines) + "\n"
 
@@ -306,13 +401,13 @@ def plot_advantages(comparison: Comparison, path: Path) -> Path:
     envs = sorted(comparison.environments.items()) or [("(none)", EnvironmentChange())]
     figure, axes = plt.subplots(len(envs), 1, figsize=(7, 2.8 * len(envs) + 0.4), dpi=110, squeeze=False)
     for axis, (name, env) in zip(axes[:, 0], envs):
-        values = env.advantages_before + env.advantages_after
+        values = env.advantages_before.sample + env.advantages_after.sample
         bins: int | list[float] = 30
         if values and min(values) < max(values):
             low, high = min(values), max(values)
             bins = [low + (high - low) * i / 30 for i in range(31)]
-        axis.hist(env.advantages_before, bins=bins, alpha=0.5, label="recorded")
-        axis.hist(env.advantages_after, bins=bins, alpha=0.5, label="replayed")
+        axis.hist(env.advantages_before.sample, bins=bins, alpha=0.5, label="recorded")
+        axis.hist(env.advantages_after.sample, bins=bins, alpha=0.5, label="replayed")
         axis.set_title(f"{name}: advantages ({env.sign_flips} sign flips)")
         axis.legend(fontsize="small")
         axis.grid(alpha=0.3)
@@ -343,17 +438,24 @@ def _refuse_target(log: EventLog, live: Topics, shadow: Topics) -> None:
 @dataclass(frozen=True)
 class Range:
     """Which recorded groups a replay takes: those whose first rollout was recorded between
-    `since_ms` and `until_ms`, and/or those a trainer step from `first_step` to `last_step` used.
-    A group is taken whole or not at all, so no group is cut in two."""
+    `since_ms` and `until_ms`, or at an offset of its `rollouts` partition between `from_offset`
+    and `to_offset`, and/or those a trainer step from `first_step` to `last_step` used. A group
+    is taken whole or not at all, so no group is cut in two."""
 
     since_ms: int | None = None
     until_ms: int | None = None
     first_step: int | None = None
     last_step: int | None = None
+    from_offset: int | None = None
+    to_offset: int | None = None
 
     @property
     def by_time(self) -> bool:
         return self.since_ms is not None or self.until_ms is not None
+
+    @property
+    def by_offset(self) -> bool:
+        return self.from_offset is not None or self.to_offset is not None
 
     @property
     def by_step(self) -> bool:
@@ -365,13 +467,16 @@ class Range:
             parts.append(f"trainer steps {self.first_step or 0}..{'' if self.last_step is None else self.last_step}")
         if self.by_time:
             parts.append(f"record time {self.since_ms or 0}..{'' if self.until_ms is None else self.until_ms} ms")
+        if self.by_offset:
+            parts.append(f"offsets {self.from_offset or 0}..{'' if self.to_offset is None else self.to_offset} "
+                         "of each rollouts partition")
         return " and ".join(parts) or "the whole run"
 
 
 def groups_in(log: EventLog, live: Topics, span: Range) -> set[str] | None:
     """The group ids `span` takes (None: every group). Raises `ConfigError` naming the run's own
     extent when it takes none."""
-    if not (span.by_time or span.by_step):
+    if not (span.by_time or span.by_step or span.by_offset):
         return None
     wanted: set[str] | None = None
     if span.by_step:
@@ -379,7 +484,7 @@ def groups_in(log: EventLog, live: Topics, span: Range) -> set[str] | None:
         steps = [d.event for d in read_to_end(log, [live.train], held)]
         lo, hi = span.first_step or 0, span.last_step if span.last_step is not None else math.inf
         wanted = {rid for s in steps if lo <= s.step <= hi for rid in s.rollout_ids}
-    first_seen: dict[str, int] = {}
+    first_seen: dict[str, tuple[int, int]] = {}  # (record time, offset) of a group's first rollout
     chosen: set[str] = set()
     for record in records_to_end(log, [live.rollouts]):
         try:
@@ -387,15 +492,19 @@ def groups_in(log: EventLog, live: Topics, span: Range) -> set[str] | None:
             group_id, rollout_id = payload["group_id"], payload["rollout_id"]
         except Exception:  # not a rollout: the replay itself dead-letters it
             continue
-        first_seen.setdefault(group_id, record.timestamp_ms)
-        if span.by_time and not ((span.since_ms or 0) <= first_seen[group_id]
+        first_ms, first_offset = first_seen.setdefault(group_id, (record.timestamp_ms, record.offset))
+        if span.by_time and not ((span.since_ms or 0) <= first_ms
                                  <= (span.until_ms if span.until_ms is not None else math.inf)):
+            continue
+        if span.by_offset and not ((span.from_offset or 0) <= first_offset
+                                   <= (span.to_offset if span.to_offset is not None else math.inf)):
             continue
         if wanted is None or rollout_id in wanted:
             chosen.add(group_id)
     if not chosen:
-        extent = (f"its rollouts were recorded from {min(first_seen.values())} to {max(first_seen.values())} ms"
-                  if first_seen else "it recorded no rollouts")
+        times, offsets = [t for t, _ in first_seen.values()], [o for _, o in first_seen.values()]
+        extent = (f"its rollouts were recorded from {min(times)} to {max(times)} ms, at offsets up to "
+                  f"{max(offsets)}" if first_seen else "it recorded no rollouts")
         if span.by_step:
             extent += f"; its trainer steps run {min((s.step for s in steps), default=0)}.." \
                       f"{max((s.step for s in steps), default=0)}"
@@ -418,7 +527,6 @@ def score_into(log: EventLog, live: Topics, shadow: Topics, scorer: GroupScorer,
     producer = EventProducer(log.producer(), shadow, name="replay")
     dead_letters = DeadLetters(producer, "replay")  # bad recorded records are reported in the shadow's deadletter
     held.release(dead_letters)
-    replayed: list[tuple[str, Summary]] = []  # summaries, not events: memory a few dozen bytes a rollout
     read = 0
 
     def counted(deliveries: Iterable[Delivery]) -> Iterator[Delivery]:
@@ -431,16 +539,18 @@ def score_into(log: EventLog, live: Topics, shadow: Topics, scorer: GroupScorer,
                 yield delivery
 
     try:
-        for event in rescore(counted(read_to_end(log, [live.rollouts], dead_letters)), scorer, algorithms=algorithms,
-                             rewards=rewards):
-            group_id = event.rollout.group_id if isinstance(event, ScoredRollout) else getattr(event, "group_id", None)
-            producer.send(shadow.name(route(event)), event, key=group_id)
-            if isinstance(event, ScoredRollout):
-                replayed.append((event.rollout.rollout_id, Summary.of(event)))
-        progress(read)
-        producer.flush()
-        recorded = [(rid, s) for rid, s in recorded_summaries(log, live.scored, dead_letters)
-                    if groups is None or s.group_id in groups]
+        with tempfile.TemporaryDirectory(prefix="rollwire-replay-") as folder:
+            comparer = Comparer(((rid, s) for rid, s in recorded_summaries(log, live.scored, dead_letters)
+                                 if groups is None or s.group_id in groups), Path(folder))
+            for event in rescore(counted(read_to_end(log, [live.rollouts], dead_letters)), scorer,
+                                 algorithms=algorithms, rewards=rewards):
+                group_id = (event.rollout.group_id if isinstance(event, ScoredRollout)
+                            else getattr(event, "group_id", None))
+                producer.send(shadow.name(route(event)), event, key=group_id)
+                if isinstance(event, ScoredRollout):
+                    comparer.add(event.rollout.rollout_id, Summary.of(event))
+            progress(read)
+            producer.flush()
+            return comparer.finish()
     finally:
         producer.close()
-    return compare(recorded, replayed)

@@ -7,7 +7,8 @@ what the subcommand needs (so `rollwire --help` never loads Kafka, torch or vLLM
     services.py   score, inference, train
     evaluate.py   eval
     run.py        run (the whole loop from a recipe)
-    replay.py     replay score (re-score a recorded run into shadow topics)
+    replay.py     replay score, replay train (re-score or retrain a recorded run into shadow topics)
+    feedback.py   feedback serve, feedback import (production feedback onto the log)
     inspect.py    inspect rollout, inspect step (one rollout's or step's story from the events)
 """
 
@@ -17,7 +18,7 @@ import argparse
 import logging
 import sys
 
-from rollwire.cli import evaluate, inspect, logs, producers, replay, run, services
+from rollwire.cli import evaluate, feedback, inspect, logs, producers, replay, run, services
 
 DESCRIPTION = """\
 rollwire: asynchronous RL post-training for LLMs, as an event-sourced streaming system.
@@ -37,6 +38,7 @@ examples:
   rollwire inference --model runs/demo/base --port 8000   a vLLM replica following the weights topic
   rollwire replay score --run-dir runs/demo --into demo-rloo --algorithm rloo   what RLOO would have trained
   rollwire inspect rollout g7-0 --run-dir runs/demo   one rollout's story: text, versions, reward, fate
+  rollwire feedback serve --log-dir runs/demo/log --prefix demo   the feedback ingestion API on :8340
 
 Run `rollwire COMMAND --help` for the options of each command.
 """
@@ -54,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in (run.add_run, logs.add_topics, logs.add_tail, producers.add_dispatch, producers.add_env_worker,
                 services.add_score, services.add_inference, services.add_train, evaluate.add_evaluate,
-                replay.add_replay, inspect.add_inspect):
+                replay.add_replay, inspect.add_inspect, feedback.add_feedback):
         add(sub)
     return parser
 

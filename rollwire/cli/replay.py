@@ -38,7 +38,8 @@ def add_replay(sub) -> None:
                        help="judge every rollout again with the @reward functions in this file: their weighted "
                             "sum replaces the recorded reward (the task comes from `tasks`, the answer from `traces`)")
     score.add_argument("--from", dest="start", metavar="WHEN",
-                       help="first group taken: `step:N` (groups trainer step N used, on), a UTC time "
+                       help="first group taken: `step:N` (groups trainer step N used, on), `offset:N` (groups "
+                            "whose first rollout is at offset N or later of its rollouts partition), a UTC time "
                             "2026-12-01T17:05[:SS], or epoch milliseconds (groups first recorded then, on)")
     score.add_argument("--to", dest="end", metavar="WHEN", help="last group taken, in the same form as --from")
     score.add_argument("--report-dir", type=Path, help="where report.md and advantages.png go")
@@ -84,13 +85,15 @@ def _when(text: str | None, flag: str) -> tuple[str, int] | None:
         return None
     if text.startswith("step:") and text[5:].isdigit():
         return "step", int(text[5:])
+    if text.startswith("offset:") and text[7:].isdigit():
+        return "offset", int(text[7:])
     if text.isdigit():
         return "ms", int(text)
     try:
         moment = datetime.datetime.fromisoformat(text)
     except ValueError:
-        raise SystemExit(f"rollwire replay score: {flag} {text!r} is not step:N, a time like 2026-12-01T17:05, "
-                         "or epoch milliseconds") from None
+        raise SystemExit(f"rollwire replay score: {flag} {text!r} is not step:N, offset:N, a time like "
+                         "2026-12-01T17:05, or epoch milliseconds") from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=datetime.UTC)
     return "ms", int(moment.timestamp() * 1000)
@@ -101,9 +104,11 @@ def _range(start: str | None, end: str | None):
     first, last = _when(start, "--from"), _when(end, "--to")
     kinds = {w[0] for w in (first, last) if w is not None}
     if len(kinds) > 1:
-        raise SystemExit("rollwire replay score: --from and --to must both be steps, or both times")
+        raise SystemExit("rollwire replay score: --from and --to must be of one kind: steps, offsets, or times")
     if kinds == {"step"}:
         return Range(first_step=first[1] if first else None, last_step=last[1] if last else None)
+    if kinds == {"offset"}:
+        return Range(from_offset=first[1] if first else None, to_offset=last[1] if last else None)
     return Range(since_ms=first[1] if first else None, until_ms=last[1] if last else None)
 
 

@@ -51,7 +51,7 @@ def test_another_algorithm_shows_what_would_have_been_trained(log, topics):
     record_scored_run(log, topics)
     comparison = replay.score_into(log, topics, Topics(f"{topics.prefix}-rloo"), GroupScorer(ScorerSettings()),
                                    algorithms={"*": "rloo"})
-    assert comparison.identical == 0 and len(comparison.changed) == 4 * GROUPS - 1
+    assert comparison.identical == 0 and comparison.changed == 4 * GROUPS - 1
     assert {e.algorithm for e in events(log, f"{topics.prefix}-rloo.scored")} == {"rloo"}
     report = replay.report_markdown(comparison, run=topics.prefix, shadow="x", what="rloo")
     assert "| reverse-digits | 39 |" in report and "Largest advantage changes" in report
@@ -157,6 +157,16 @@ def test_a_range_takes_whole_groups_by_trainer_step_or_record_time(log, topics):
     every = replay.score_into(log, topics, Topics(f"{topics.prefix}-all"), GroupScorer(ScorerSettings()),
                               span=Range(since_ms=0, until_ms=2**62))
     assert every.unchanged and every.identical == scored
+    # By offset: the groups whose first rollout is the first record of its partition.
+    from rollwire.bus.partitioner import partition_for
+    partitions = len(log.end_offsets(topics.rollouts))
+    firsts = {}
+    for i in range(10):  # record_scored_run publishes rollout 2 of g0..g9 first, in that order
+        firsts.setdefault(partition_for(f"g{i}".encode(), partitions), f"g{i}")
+    head = replay.score_into(log, topics, Topics(f"{topics.prefix}-o0"), GroupScorer(ScorerSettings()),
+                             span=Range(from_offset=0, to_offset=0))
+    assert head.unchanged and head.identical == sum(3 if g == "g3" else 4 for g in firsts.values())
+    assert {e.rollout.group_id for e in events(log, f"{topics.prefix}-o0.scored")} == set(firsts.values())
     with pytest.raises(ConfigError, match="no recorded group falls in trainer steps 7..9: .* trainer steps run 1..2"):
         replay.score_into(log, topics, Topics(f"{topics.prefix}-s7"), GroupScorer(ScorerSettings()),
                           span=Range(first_step=7, last_step=9))

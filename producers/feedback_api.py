@@ -1,0 +1,397 @@
+"""Feedback ingestion: production apps post judgements of responses; each becomes a `feedback.received`
+event, acknowledged only once the log holds it.
+
+    POST /v1/feedback          one item (JSON object)          -> 200 {feedback_id, status}
+    POST /v1/feedback/batch    a JSON array, or NDJSON         -> 200 {results: [...]} one per item
+    GET  /healthz                                              -> 200 {status: "ok"}
+
+    bearer token ──▶ its source          an item of another source: 403; no or unknown token: 401
+    item ──validate──▶ FeedbackReceived  422 with the field path and the reason
+    feedback_id seen before? ──yes──▶ the first result again (status "duplicate"), nothing written
+    ──no──▶ queued ──group commit: send, flush──▶ 200 "stored"   (the log acknowledged it:
+                                                                Kafka acks=all, embedded commit)
+    queue full: 429, log unavailable: 503, both with Retry-After; never dropped silently
+
+The item is the event's own schema (`schemas/feedback.py`) less the fields the server sets
+(`type`, `received_at_ms`; `source` comes from the token). Idempotency spans restarts: on start the
+server reads the ids already on the `feedback` topic. `rollwire feedback import FILE.jsonl` runs
+the same `Ingest` over a file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import ipaddress
+import json
+import logging
+import os
+import secrets
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgpack
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from rollwire import telemetry
+from rollwire.bus import EventLog, EventProducer, records_to_end
+from rollwire.errors import ConfigError
+from rollwire.schemas.feedback import FeedbackReceived
+from rollwire.schemas.topics import Topics
+
+logger = logging.getLogger(__name__)
+
+SERVER_SET = ("type", "received_at_ms")
+"""Fields of the event the server fills in; an item that sets them is refused."""
+
+
+class FeedbackApiSettings(BaseModel):
+    """Settings of the feedback ingestion server."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    host: str = "127.0.0.1"
+    """Address to listen on; anything but loopback needs bearer tokens."""
+    port: int = Field(default=8340, ge=0, le=65535)
+    """Port (0: any free port)."""
+    tokens_file: Path | None = None
+    """Bearer tokens, one `SOURCE TOKEN` pair a line (`#` comments); also read from
+    $ROLLWIRE_FEEDBACK_TOKENS as `SOURCE=TOKEN,SOURCE=TOKEN`. Without any, items name their source."""
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    """Largest request body; larger ones get 413."""
+    max_batch_items: int = Field(default=1000, ge=1)
+    """Most items in one batch request; more get 413."""
+    max_pending: int = Field(default=20_000, ge=1)
+    """Items accepted but not yet acknowledged by the log; past it requests get 429."""
+    ack_timeout_s: float = Field(default=30.0, gt=0)
+    """How long one group commit may wait for the log before its items get 503."""
+
+
+class ItemError(ValueError):
+    """An item that cannot become an event: `errors` are `{"loc": "field.path", "msg": reason}`."""
+
+    def __init__(self, errors: list[dict[str, str]]) -> None:
+        super().__init__("; ".join(f"{e['loc']}: {e['msg']}" for e in errors))
+        self.errors = errors
+
+
+class Refused(Exception):
+    """A request refused as a whole: its HTTP status, reason and headers."""
+
+    def __init__(self, status: int, reason: str, headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(reason)
+        self.status, self.reason, self.headers = status, reason, dict(headers or {})
+
+
+def load_tokens(path: Path | None, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """`{token: source}` from the tokens file and $ROLLWIRE_FEEDBACK_TOKENS."""
+    pairs: list[tuple[str, str]] = []
+    if path is not None:
+        try:
+            lines = path.read_text().splitlines()
+        except OSError as exc:
+            raise ConfigError(f"cannot read the tokens file {path}: {exc}") from None
+        for number, line in enumerate(lines, 1):
+            line = line.split("#", 1)[0].strip()
+            if not line:
+                continue
+            parts = line.split()
+            if len(parts) != 2:
+                raise ConfigError(f"{path}:{number}: expected `SOURCE TOKEN`, got {len(parts)} words")
+            pairs.append((parts[0], parts[1]))
+    for item in filter(None, environ.get("ROLLWIRE_FEEDBACK_TOKENS", "").split(",")):
+        source, sep, token = item.partition("=")
+        if not sep or not source or not token:
+            raise ConfigError("ROLLWIRE_FEEDBACK_TOKENS must read SOURCE=TOKEN[,SOURCE=TOKEN...]")
+        pairs.append((source.strip(), token.strip()))
+    weak = [source for source, token in pairs if len(token) < 16]
+    if weak:
+        raise ConfigError(f"the tokens of {', '.join(weak)} are shorter than 16 characters: use e.g. "
+                          "`python -c 'import secrets; print(secrets.token_urlsafe(24))'`")
+    return {token: source for source, token in pairs}
+
+
+def check_exposure(host: str, tokens: Mapping[str, str]) -> None:
+    """Refuses to listen beyond this machine without tokens."""
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if not loopback and not tokens:
+        raise ConfigError(f"refusing to listen on {host} without bearer tokens: anyone who can reach it could write "
+                          "training data; give --tokens FILE (or $ROLLWIRE_FEEDBACK_TOKENS), or listen on 127.0.0.1")
+
+
+def source_of(authorization: str | None, tokens: Mapping[str, str]) -> str | None:
+    """The source a request's bearer token is bound to; None when the server has no tokens.
+    Raises `Refused(401)` for a missing or unknown token."""
+    if not tokens:
+        return None
+    scheme, _, token = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        raise Refused(401, "send `Authorization: Bearer <token>`", {"WWW-Authenticate": "Bearer"})
+    for known, source in tokens.items():  # every token compared, in constant time
+        if secrets.compare_digest(known.encode(), token.strip().encode()):
+            return source
+    raise Refused(401, "unknown bearer token", {"WWW-Authenticate": 'Bearer error="invalid_token"'})
+
+
+def to_event(item: Any, source: str | None) -> FeedbackReceived:
+    """The event for one item; `ItemError` lists what is wrong, field by field. Raises
+    `Refused(403)` for an item of another source than the token's."""
+    if not isinstance(item, dict):
+        raise ItemError([{"loc": "", "msg": f"an item is a JSON object, not {type(item).__name__}"}])
+    errors = [{"loc": name, "msg": "set by the server; leave it out"} for name in SERVER_SET if name in item]
+    if errors:
+        raise ItemError(errors)
+    if source is not None:
+        if item.get("source", source) != source:
+            raise Refused(403, f"this token writes feedback for source {source!r}, not {item['source']!r}")
+        item = {**item, "source": source}
+    try:
+        return FeedbackReceived.model_validate(item)
+    except ValidationError as exc:
+        raise ItemError([{"loc": ".".join(map(str, e["loc"])), "msg": e["msg"]} for e in exc.errors()]) from None
+
+
+@dataclass
+class _Queued:
+    event: FeedbackReceived
+    done: asyncio.Future
+
+
+class Ingest:
+    """Validated feedback in, one event per new `feedback_id` on the `feedback` topic, answered only
+    after the log acknowledged it. Writes are group-committed: the items waiting when a flush ends
+    go out together in the next one."""
+
+    def __init__(self, log: EventLog, topics: Topics, settings: FeedbackApiSettings, *, name: str = "feedback-api"):
+        self.log, self.topics, self.settings = log, topics, settings
+        self.producer = EventProducer(log.producer(), topics, name=name)
+        self.results: dict[str, dict[str, Any]] = {}
+        """The first result of every feedback id seen: on the log before start, or stored since."""
+        self._inflight: dict[str, asyncio.Future] = {}
+        self._queue: list[_Queued] = []
+        self._wake: asyncio.Event | None = None
+        self._writer: asyncio.Task | None = None
+        self.stats = {"stored": 0, "duplicate": 0, "invalid": 0, "refused": 0}
+
+    def load_seen(self) -> int:
+        """Reads the ids already on the `feedback` topic (payloads peeked, not validated)."""
+        for record in records_to_end(self.log, [self.topics.feedback]):
+            try:
+                payload = msgpack.unpackb(record.value, raw=False)["payload"]
+                feedback_id = payload["feedback_id"]
+            except Exception:  # not our event: nothing to remember of it
+                continue
+            self.results.setdefault(feedback_id, {"feedback_id": feedback_id, "status": "stored"})
+        return len(self.results)
+
+    async def start(self) -> None:
+        self._wake = asyncio.Event()
+        self._writer = asyncio.create_task(self._write_loop(), name="feedback-writer")
+
+    async def close(self) -> None:
+        if self._writer is not None:
+            self._writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._writer
+        await asyncio.to_thread(self.producer.close)
+
+    async def submit(self, event: FeedbackReceived) -> dict[str, Any]:
+        """Stores `event` unless its id was seen; returns `{feedback_id, status}` once the log holds it.
+        Raises `Refused(429)` when too much waits already, `Refused(503)` when the log failed."""
+        first = self.results.get(event.feedback_id)
+        if first is not None:
+            self.stats["duplicate"] += 1
+            return {**first, "status": "duplicate"}
+        if event.feedback_id in self._inflight:  # the same id twice at once: one write, one result
+            result = await asyncio.shield(self._inflight[event.feedback_id])
+            self.stats["duplicate"] += 1
+            return {**result, "status": "duplicate"}
+        if len(self._inflight) >= self.settings.max_pending:  # queued, or in the flush under way
+            self.stats["refused"] += 1
+            raise Refused(429, f"{self.settings.max_pending} items are waiting for the log: retry shortly",
+                          {"Retry-After": "1"})
+        done = asyncio.get_running_loop().create_future()
+        self._inflight[event.feedback_id] = done
+        self._queue.append(_Queued(event, done))
+        assert self._wake is not None, "call start() first"
+        self._wake.set()
+        try:
+            return await asyncio.shield(done)
+        finally:
+            self._inflight.pop(event.feedback_id, None)
+
+    async def _write_loop(self) -> None:
+        assert self._wake is not None
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            batch, self._queue = self._queue, []
+            if not batch:
+                continue
+            try:
+                await asyncio.wait_for(asyncio.to_thread(self._write, [q.event for q in batch]),
+                                       self.settings.ack_timeout_s)
+            except Exception as exc:  # the log did not acknowledge: the client retries, idempotently
+                logger.warning("feedback write of %d items failed: %s", len(batch), exc)
+                for q in batch:
+                    if not q.done.done():
+                        q.done.set_exception(Refused(503, f"the event log did not acknowledge the write: {exc}",
+                                                     {"Retry-After": "2"}))
+                continue
+            for q in batch:
+                result = {"feedback_id": q.event.feedback_id, "status": "stored"}
+                self.results[q.event.feedback_id] = result
+                self.stats["stored"] += 1
+                if not q.done.done():
+                    q.done.set_result(result)
+
+    def _write(self, events: list[FeedbackReceived]) -> None:
+        for event in events:
+            with telemetry.tracer().start_as_current_span(
+                    "ingest feedback", attributes={"rollwire.feedback_id": event.feedback_id,
+                                                   "rollwire.feedback.kind": event.kind,
+                                                   "rollwire.feedback.source": event.source}):
+                self.producer.send(self.topics.feedback, event, key=event.key)
+        self.producer.flush(self.settings.ack_timeout_s)
+
+
+def import_id(line: bytes) -> str:
+    """The feedback id of a file line that carries none: the same line, the same id, so importing a
+    file again (after an interruption, say) stores nothing twice."""
+    return "import-" + hashlib.blake2b(line.strip(), digest_size=12).hexdigest()
+
+
+def parse_batch(body: bytes, content_type: str) -> list[Any]:
+    """The items of a batch body: a JSON array, or one JSON object a line (NDJSON)."""
+    text = body.decode("utf-8")
+    if "ndjson" in content_type or "jsonl" in content_type or not text.lstrip().startswith("["):
+        items = []
+        for number, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    items.append(json.loads(line))
+                except ValueError as exc:
+                    raise Refused(400, f"line {number} is not JSON: {exc}") from None
+        return items
+    try:
+        items = json.loads(text)
+    except ValueError as exc:
+        raise Refused(400, f"the body is not JSON: {exc}") from None
+    if not isinstance(items, list):
+        raise Refused(400, "a batch is a JSON array of items, or NDJSON")
+    return items
+
+
+async def submit_all(ingest: Ingest, items: Iterable[Any], source: str | None) -> list[dict[str, Any]]:
+    """Each item validated and submitted; a result per item, in order (invalid ones with their errors)."""
+    async def one(index: int, item: Any) -> dict[str, Any]:
+        try:
+            event = to_event(item, source)
+        except ItemError as exc:
+            ingest.stats["invalid"] += 1
+            return {"index": index, "status": "invalid", "errors": exc.errors}
+        except Refused as exc:
+            return {"index": index, "status": "forbidden", "errors": [{"loc": "source", "msg": exc.reason}]}
+        try:
+            return {"index": index, **await ingest.submit(event)}
+        except Refused as exc:
+            return {"index": index, "status": "retry", "errors": [{"loc": "", "msg": exc.reason}]}
+
+    return list(await asyncio.gather(*(one(i, item) for i, item in enumerate(items))))
+
+
+def build_app(ingest: Ingest, tokens: Mapping[str, str]):
+    """The aiohttp application: the routes of the module docstring over `ingest`."""
+    from aiohttp import web
+
+    settings = ingest.settings
+
+    def error(status: int, reason: str, headers: Mapping[str, str] | None = None, **extra: Any) -> web.Response:
+        return web.json_response({"error": reason, **extra}, status=status, headers=dict(headers or {}))
+
+    async def body_of(request: web.Request) -> bytes:
+        if request.content_length is not None and request.content_length > settings.max_body_bytes:
+            raise Refused(413, f"the body has {request.content_length} bytes; the limit is {settings.max_body_bytes}")
+        try:
+            return await request.read()  # aiohttp stops reading at client_max_size
+        except web.HTTPRequestEntityTooLarge:
+            raise Refused(413, f"the body is over the limit of {settings.max_body_bytes} bytes") from None
+
+    @web.middleware
+    async def refusals(request: web.Request, handler):
+        try:
+            return await handler(request)
+        except Refused as exc:
+            return error(exc.status, exc.reason, exc.headers)
+
+    async def one(request: web.Request) -> web.Response:
+        source = source_of(request.headers.get("Authorization"), tokens)
+        body = await body_of(request)
+        try:
+            item = json.loads(body)
+        except ValueError as exc:
+            raise Refused(400, f"the body is not JSON: {exc}") from None
+        try:
+            event = to_event(item, source)
+        except ItemError as exc:
+            ingest.stats["invalid"] += 1
+            return error(422, "the item is not valid feedback", errors=exc.errors)
+        return web.json_response(await ingest.submit(event))
+
+    async def batch(request: web.Request) -> web.Response:
+        source = source_of(request.headers.get("Authorization"), tokens)
+        items = parse_batch(await body_of(request), request.headers.get("Content-Type", ""))
+        if len(items) > settings.max_batch_items:
+            raise Refused(413, f"{len(items)} items in one batch; the limit is {settings.max_batch_items}")
+        results = await submit_all(ingest, items, source)
+        return web.json_response({"results": results,
+                                  "counts": {s: sum(r["status"] == s for r in results)
+                                             for s in ("stored", "duplicate", "invalid", "forbidden", "retry")}})
+
+    async def healthz(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", **ingest.stats})
+
+    app = web.Application(middlewares=[refusals], client_max_size=settings.max_body_bytes)
+    app.add_routes([web.post("/v1/feedback", one), web.post("/v1/feedback/batch", batch),
+                    web.get("/healthz", healthz)])
+
+    async def lifecycle(app: web.Application):
+        await ingest.start()
+        yield
+        await ingest.close()
+
+    app.cleanup_ctx.append(lifecycle)
+    return app
+
+
+def serve(log: EventLog, topics: Topics, settings: FeedbackApiSettings, *, ready=None) -> None:
+    """Runs the server until interrupted. `ready(port)` is called once it listens."""
+    from aiohttp import web
+
+    tokens = load_tokens(settings.tokens_file)
+    check_exposure(settings.host, tokens)
+    ingest = Ingest(log, topics, settings)
+    seen = ingest.load_seen()
+
+    async def main() -> None:
+        runner = web.AppRunner(build_app(ingest, tokens), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, settings.host, settings.port)
+        await site.start()
+        port = runner.addresses[0][1]
+        logger.info("feedback API on http://%s:%d (%d feedback ids already on %s; %s)", settings.host, port, seen,
+                    topics.feedback, f"{len(tokens)} tokens" if tokens else "no tokens: items name their source")
+        if ready is not None:
+            ready(port)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(main())

@@ -1,0 +1,133 @@
+"""`rollwire feedback serve` and `rollwire feedback import`: production feedback onto the `feedback` topic."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from rollwire.cli.options import add_bus_options, add_command_group, add_step, bus_settings
+
+ITEM_HELP = """\
+an item (JSON), the fields of `feedback.received` less those the server sets:
+  {"feedback_id": "fb-1", "kind": "rating", "rating": 0.5, "response_id": "resp-…"}
+  {"kind": "correction", "correction": "21", "messages": [{"role": "user", "content": "R:12>"}]}
+  {"kind": "preference", "preferred_index": 1, "response_ids": ["resp-a", "resp-b"]}
+kind is rating (in [-1, 1]), correction or preference; the judged response is a receipt
+(response_id), or messages / token ids when it was served elsewhere; feedback_id makes a resend
+harmless (the first result comes back, nothing is stored twice); source comes from the token."""
+
+
+def add_feedback(sub) -> None:
+    commands = add_command_group(sub, "feedback", metavar="STEP",
+                                 help="take production feedback in: an HTTP API, or a file",
+                                 description="Feedback on served responses, stored as `feedback.received` events.")
+    serve = add_step(
+        commands, "serve", help="run the feedback ingestion API",
+        description="Serves POST /v1/feedback (one item), POST /v1/feedback/batch (a JSON array or NDJSON,\n"
+                    "a result per item) and GET /healthz. A 200 means the event log holds the item (Kafka\n"
+                    "acks=all, or the embedded log's commit); 429 or 503 with Retry-After mean retry; 401/403\n"
+                    "a token problem; 413 too large; 422 names the field and the reason.\n\n" + ITEM_HELP,
+        epilog="examples:\n"
+               "  rollwire feedback serve --log-dir runs/demo/log --prefix demo\n"
+               "  ROLLWIRE_FEEDBACK_TOKENS=chat-app=$TOKEN rollwire feedback serve --bus kafka --host 0.0.0.0\n"
+               "  curl -s localhost:8340/v1/feedback -H \"Authorization: Bearer $TOKEN\" \\\n"
+               "       -d '{\"feedback_id\": \"fb-1\", \"kind\": \"rating\", \"rating\": 1, \"response_id\": \"resp-7\"}'\n\n"
+               "tokens file: one `SOURCE TOKEN` pair a line; a token writes feedback of its source only.\n"
+               "Without tokens the server listens on loopback only, and items name their source.")
+    serve.add_argument("--host", default="127.0.0.1", help="address (default %(default)s; others need tokens)")
+    serve.add_argument("--port", type=int, default=8340, help="port (default %(default)s; 0: any free one)")
+    serve.add_argument("--tokens", type=Path, metavar="FILE", help="bearer tokens, `SOURCE TOKEN` a line")
+    add_bus_options(serve)
+    serve.set_defaults(run=cmd_serve)
+
+    load = add_step(
+        commands, "import", help="store feedback from a JSON-lines file",
+        description="Validates and stores every line of FILE as the API would, in group commits. A line\n"
+                    "without a feedback_id gets one from its bytes, so importing the file again, after an\n"
+                    "interruption say, stores nothing twice. Invalid lines are listed (and written to\n"
+                    "FILE.rejected.jsonl with their errors); the others are stored.\n\n" + ITEM_HELP,
+        epilog="example:\n  rollwire feedback import ratings.jsonl --source chat-app --log-dir runs/demo/log --prefix demo")
+    load.add_argument("file", type=Path, help="JSON lines, one item each")
+    load.add_argument("--source", required=True, help="the application the feedback comes from")
+    add_bus_options(load)
+    load.set_defaults(run=cmd_import)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from rollwire.bus import catalog_topics, open_log
+    from rollwire.producers.feedback_api import FeedbackApiSettings, serve
+    from rollwire.schemas.topics import Topics
+    settings = FeedbackApiSettings(host=args.host, port=args.port, tokens_file=args.tokens)
+    topics = Topics(args.prefix)
+    with open_log(bus_settings(args)) as log:
+        log.create_topics(catalog_topics(topics))
+        try:
+            serve(log, topics, settings, ready=lambda port: print(f"feedback API on http://{args.host}:{port}",
+                                                                   flush=True))
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from rollwire.bus import catalog_topics, open_log
+    from rollwire.producers.feedback_api import FeedbackApiSettings, Ingest, import_id, submit_all
+    from rollwire.schemas.topics import Topics
+    if not args.file.is_file():
+        raise SystemExit(f"rollwire feedback import: no such file {args.file}")
+    lines = args.file.read_bytes().splitlines()
+    topics = Topics(args.prefix)
+    rejected: list[dict] = []
+    counts = {"stored": 0, "duplicate": 0, "invalid": 0}
+    with open_log(bus_settings(args)) as log:
+        log.create_topics(catalog_topics(topics))
+        ingest = Ingest(log, topics, FeedbackApiSettings(), name="feedback-import")
+        ingest.load_seen()
+
+        async def run(progress, task) -> None:
+            await ingest.start()
+            try:
+                chunk = 500
+                for start in range(0, len(lines), chunk):
+                    items: list = []
+                    numbers: list[int] = []
+                    for number, line in enumerate(lines[start:start + chunk], start + 1):
+                        if not line.strip():
+                            continue
+                        numbers.append(number)
+                        try:
+                            item = json.loads(line)
+                        except ValueError as exc:
+                            items.append(None)
+                            rejected.append({"line": number, "errors": [{"loc": "", "msg": f"not JSON: {exc}"}]})
+                            continue
+                        if isinstance(item, dict) and "feedback_id" not in item:
+                            item["feedback_id"] = import_id(line)
+                        items.append(item)
+                    valid = [(n, i) for n, i in zip(numbers, items) if i is not None]
+                    for (number, _), result in zip(valid, await submit_all(ingest, [i for _, i in valid], args.source)):
+                        if result["status"] in counts and result["status"] != "invalid":
+                            counts[result["status"]] += 1
+                        else:
+                            rejected.append({"line": number, "errors": result["errors"]})
+                    progress.update(task, completed=min(len(lines), start + chunk))
+            finally:
+                await ingest.close()
+
+        with Progress(console=Console(stderr=True), transient=True) as progress:
+            asyncio.run(run(progress, progress.add_task(f"importing {args.file.name}", total=len(lines))))
+    counts["invalid"] = len(rejected)
+    if rejected:
+        out = args.file.with_name(args.file.name + ".rejected.jsonl")
+        out.write_text("".join(json.dumps(r) + "\n" for r in rejected))
+        for r in rejected[:10]:
+            print(f"{args.file}:{r['line']}: " + "; ".join(f"{e['loc'] or 'item'}: {e['msg']}" for e in r["errors"]))
+        print(f"{len(rejected)} lines rejected, written with their errors to {out}")
+    print(json.dumps({"file": str(args.file), **counts}))
+    return 0 if not rejected else 1
