@@ -204,27 +204,42 @@ class Ingest:
     async def submit(self, event: FeedbackReceived) -> dict[str, Any]:
         """Stores `event` unless its id was seen; returns `{feedback_id, status}` once the log holds it.
         Raises `Refused(429)` when too much waits already, `Refused(503)` when the log failed."""
+        return await self.enqueue(event)
+
+    def enqueue(self, event: FeedbackReceived) -> asyncio.Future:
+        """`submit` without waiting: a future of the result (already done for an id seen before)."""
+        loop = asyncio.get_running_loop()
         first = self.results.get(event.feedback_id)
         if first is not None:
             self.stats["duplicate"] += 1
-            return {**first, "status": "duplicate"}
-        if event.feedback_id in self._inflight:  # the same id twice at once: one write, one result
-            result = await asyncio.shield(self._inflight[event.feedback_id])
+            done = loop.create_future()
+            done.set_result({**first, "status": "duplicate"})
+            return done
+        pending = self._inflight.get(event.feedback_id)
+        if pending is not None:  # the same id twice at once: one write, one "stored", the other "duplicate"
             self.stats["duplicate"] += 1
-            return {**result, "status": "duplicate"}
+            again = loop.create_future()
+
+            def follow(first: asyncio.Future) -> None:
+                error = first.exception()
+                if error is not None:
+                    again.set_exception(error)
+                else:
+                    again.set_result({**first.result(), "status": "duplicate"})
+
+            pending.add_done_callback(follow)
+            return again
         if len(self._inflight) >= self.settings.max_pending:  # queued, or in the flush under way
             self.stats["refused"] += 1
             raise Refused(429, f"{self.settings.max_pending} items are waiting for the log: retry shortly",
                           {"Retry-After": "1"})
-        done = asyncio.get_running_loop().create_future()
+        done = loop.create_future()
         self._inflight[event.feedback_id] = done
+        done.add_done_callback(lambda _: self._inflight.pop(event.feedback_id, None))
         self._queue.append(_Queued(event, done))
         assert self._wake is not None, "call start() first"
         self._wake.set()
-        try:
-            return await asyncio.shield(done)
-        finally:
-            self._inflight.pop(event.feedback_id, None)
+        return done
 
     async def _write_loop(self) -> None:
         assert self._wake is not None
@@ -252,7 +267,11 @@ class Ingest:
                     q.done.set_result(result)
 
     def _write(self, events: list[FeedbackReceived]) -> None:
+        traced = telemetry.tracing()
         for event in events:
+            if not traced:
+                self.producer.send(self.topics.feedback, event, key=event.key)
+                continue
             with telemetry.tracer().start_as_current_span(
                     "ingest feedback", attributes={"rollwire.feedback_id": event.feedback_id,
                                                    "rollwire.feedback.kind": event.kind,
@@ -290,20 +309,27 @@ def parse_batch(body: bytes, content_type: str) -> list[Any]:
 
 async def submit_all(ingest: Ingest, items: Iterable[Any], source: str | None) -> list[dict[str, Any]]:
     """Each item validated and submitted; a result per item, in order (invalid ones with their errors)."""
-    async def one(index: int, item: Any) -> dict[str, Any]:
+    results: list[dict[str, Any]] = []
+    waiting: list[tuple[int, asyncio.Future]] = []
+    for index, item in enumerate(items):
         try:
-            event = to_event(item, source)
+            waiting.append((index, ingest.enqueue(to_event(item, source))))
+            results.append({"index": index})
         except ItemError as exc:
             ingest.stats["invalid"] += 1
-            return {"index": index, "status": "invalid", "errors": exc.errors}
+            results.append({"index": index, "status": "invalid", "errors": exc.errors})
         except Refused as exc:
-            return {"index": index, "status": "forbidden", "errors": [{"loc": "source", "msg": exc.reason}]}
-        try:
-            return {"index": index, **await ingest.submit(event)}
-        except Refused as exc:
-            return {"index": index, "status": "retry", "errors": [{"loc": "", "msg": exc.reason}]}
-
-    return list(await asyncio.gather(*(one(i, item) for i, item in enumerate(items))))
+            status, loc = ("forbidden", "source") if exc.status == 403 else ("retry", "")
+            results.append({"index": index, "status": status, "errors": [{"loc": loc, "msg": exc.reason}]})
+    outcomes = await asyncio.gather(*(f for _, f in waiting), return_exceptions=True)
+    for (index, _), outcome in zip(waiting, outcomes):
+        if isinstance(outcome, Refused):
+            results[index].update(status="retry", errors=[{"loc": "", "msg": outcome.reason}])
+        elif isinstance(outcome, BaseException):
+            raise outcome
+        else:
+            results[index].update(outcome)
+    return results
 
 
 def build_app(ingest: Ingest, tokens: Mapping[str, str]):

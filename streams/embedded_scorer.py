@@ -10,7 +10,7 @@ The commit protocol of one `step`:
     # Step 1  poll a batch of rollouts (undecodable records are dead-lettered by the consumer)
     # Step 2  apply each to its group's state; queue scored and dropped events and dead letters
     #         for rejected rollouts; gather the state changes
-    # Step 3  every `tick_s`, time out open groups and forget old closed ones
+    # Step 3  every `tick_s`, time out the open groups due and forget the closed ones due
     # Step 4  send the state changes, coalesced per key (a group that opened and closed in this
     #         batch leaves only its closed header); flush the producer: outputs and state are durable
     # Step 5  commit the consumer's offsets
@@ -30,13 +30,13 @@ from collections.abc import Iterable, Iterator
 from rollwire.bus import DeadLetters, EventConsumer, EventLog, EventProducer
 from rollwire.bus.base import Record
 from rollwire.bus.partitioner import partition_for
-from rollwire.schemas.base import Event
+from rollwire.schemas.base import Event, now_ms
 from rollwire.schemas.envelope import Codec
 from rollwire.schemas.errors import SchemaError
 from rollwire.schemas.scorer import ScorerGroupState
 from rollwire.schemas.topics import Topics
 from rollwire.streams import group_changelog
-from rollwire.streams.scoring import GroupScorer, Step, route, scoring_span
+from rollwire.streams.scoring import Deadlines, GroupScorer, Step, route, scoring_span
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +57,8 @@ class EmbeddedScorer:
         self._owned: frozenset[int] = frozenset()
         self._next_tick = 0.0
         self._codec = Codec()
+        self.deadlines = Deadlines(scorer.settings)
+        """When each held group is next due for `on_tick`: a tick visits those only."""
         self.pending = group_changelog.PendingWrites()
         """Changelog writes of this step, sent (coalesced) just before the flush."""
 
@@ -65,6 +67,9 @@ class EmbeddedScorer:
         self.states = group_changelog.restore(
             self._decoded(self.log.latest_per_key(self.state_topic).values()),
             owns=lambda group_id: partition_for(group_id.encode(), self.partitions) in owned)
+        self.deadlines = Deadlines(self.scorer.settings)
+        for group_id, state in self.states.items():
+            self.deadlines.push(group_id, state)
         logger.info("scorer owns rollout partitions %s: restored %d groups", sorted(owned), len(self.states))
 
     def _decoded(self, records: Iterable[Record]) -> Iterator[Event]:
@@ -98,8 +103,10 @@ class EmbeddedScorer:
         # Step 3
         if time.monotonic() >= self._next_tick:
             self._next_tick = time.monotonic() + self.tick_s
-            for group_id, state in list(self.states.items()):
-                self._apply(group_id, self.scorer.on_tick(state))
+            now = now_ms()
+            for group_id in self.deadlines.due(now):
+                if group_id in self.states:
+                    self._apply(group_id, self.scorer.on_tick(self.states[group_id], now=now))
         # Step 4
         for key, record in self.pending.drain():
             partition = partition_for(key.split(group_changelog.SEPARATOR, 1)[0].encode(), self.partitions)
@@ -124,6 +131,7 @@ class EmbeddedScorer:
             self.states.pop(group_id, None)
         elif result.changed:
             self.states[group_id] = result.state
+            self.deadlines.push(group_id, result.state)
 
     def run(self, stop_after_idle_s: float | None = None) -> None:
         """Steps until interrupted, or until no rollout arrived for `stop_after_idle_s`."""

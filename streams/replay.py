@@ -46,7 +46,7 @@ from rollwire.schemas.envelope import Codec
 from rollwire.schemas.rollout import RolloutCompleted, ScoredRollout
 from rollwire.schemas.scorer import ScorerGroupState
 from rollwire.schemas.topics import Topics
-from rollwire.streams.scoring import GroupScorer, route
+from rollwire.streams.scoring import Deadlines, GroupScorer, route
 
 Rewards = tuple[dict[str, float], float]
 """A rollout's reward terms by name, and their weighted sum."""
@@ -120,6 +120,7 @@ def rescore(deliveries: Iterable[Delivery], scorer: GroupScorer, *, algorithms: 
     `rewards` replaces the reward terms and total of rollouts by id."""
     algorithms, rewards = algorithms or {}, rewards or {}
     states: dict[str, ScorerGroupState] = {}
+    deadlines = Deadlines(scorer.settings)
     next_tick = None
 
     def apply(group_id: str, step) -> Iterator[Event]:
@@ -128,11 +129,13 @@ def rescore(deliveries: Iterable[Delivery], scorer: GroupScorer, *, algorithms: 
                 states.pop(group_id, None)
             else:
                 states[group_id] = step.state
+                deadlines.push(group_id, step.state)
         yield from step.events
 
     def tick(now: int) -> Iterator[Event]:  # times out open groups, forgets closed ones (memory stays bounded)
-        for group_id, state in list(states.items()):
-            yield from apply(group_id, scorer.on_tick(state, now=now))
+        for group_id in deadlines.due(now):
+            if group_id in states:
+                yield from apply(group_id, scorer.on_tick(states[group_id], now=now))
 
     now = 0
     for delivery in deliveries:
@@ -227,7 +230,8 @@ EXAMPLES_KEPT = 5
 class Comparer:
     """Compares replayed scored events, as the replay writes them, with the recorded ones. The
     recorded summaries wait in a temporary SQLite file keyed by rollout id, so memory stays the
-    same however long the run was; replayed events arrive a whole group at a time."""
+    same however long the run was. Replayed events arrive a whole group at a time; each group is
+    looked up with one query."""
 
     def __init__(self, recorded: Iterable[tuple[str, Summary]], folder: Path) -> None:
         self.result = Comparison()
@@ -236,54 +240,60 @@ class Comparer:
         self._db.execute("PRAGMA synchronous=OFF")
         self._db.execute("CREATE TABLE recorded (rollout_id TEXT PRIMARY KEY, environment TEXT, group_id TEXT, "
                          "reward REAL, advantage REAL, digest BLOB)")
+        self._db.execute("CREATE TABLE matched (rollout_id TEXT)")  # appended to, indexed once at the end
         self._db.execute("BEGIN")
         rows = ((rid, s.environment, s.group_id, s.reward, s.advantage, s.digest) for rid, s in recorded)
         while chunk := list(itertools.islice(rows, 10_000)):  # a group scored twice counts once: its last scoring
-            self._db.executemany("INSERT OR REPLACE INTO recorded VALUES (?, ?, ?, ?, ?, ?)", chunk)
+            self._db.executemany("INSERT OR REPLACE INTO recorded (rollout_id, environment, group_id, reward, "
+                                 "advantage, digest) VALUES (?, ?, ?, ?, ?, ?)", chunk)
         self._db.execute("COMMIT")
-        self._group: str | None = None
-        self._before: list[float] = []
-        self._after: list[float] = []
+        self._db.execute("BEGIN")  # one transaction for the matching: a commit per group costs ~90 us
+        self._group: list[tuple[str, Summary]] = []
         self._largest: list[tuple[float, str, float, float]] = []  # a min-heap on |change|
 
     def add(self, rollout_id: str, new: Summary) -> None:
         """One replayed scored event."""
-        row = self._db.execute("DELETE FROM recorded WHERE rollout_id = ? "
-                               "RETURNING environment, group_id, reward, advantage, digest", (rollout_id,)).fetchone()
-        result = self.result
-        if row is None:
-            result.only_replayed += 1
-            self._example("only_replayed", rollout_id)
-            return
-        environment, group_id, reward, a_old, digest = row
-        if group_id != self._group:
-            self._close_group()
-            self._group = group_id
-        a_new = new.advantage
-        env = result.environments[environment]
-        env.rollouts += 1
-        env.rewards_before.add(reward)
-        env.rewards_after.add(new.reward)
-        env.advantages_before.add(a_old)
-        env.advantages_after.add(a_new)
-        env.sign_flips += (a_old > 0 > a_new) or (a_old < 0 < a_new)
-        self._before.append(a_old)
-        self._after.append(a_new)
-        if digest == new.digest:
-            result.identical += 1
-            return
-        result.changed += 1
-        entry = (abs(a_new - a_old), rollout_id, a_old, a_new)
-        if len(self._largest) < LARGEST_KEPT:
-            heapq.heappush(self._largest, entry)
-        else:
-            heapq.heappushpop(self._largest, entry)
+        if self._group and self._group[-1][1].group_id != new.group_id:
+            self._compare_group()
+        self._group.append((rollout_id, new))
 
-    def _close_group(self) -> None:
-        if self._group is not None and all(v == 0 for v in self._after) and any(v != 0 for v in self._before):
-            self.result.zero_signal_groups += 1
-            self._example("zero_signal", self._group)
-        self._before, self._after = [], []
+    def _compare_group(self) -> None:
+        group, self._group = self._group, []
+        ids = [rid for rid, _ in group]
+        found = {row[0]: row[1:] for row in self._db.execute(
+            f"SELECT rollout_id, environment, reward, advantage, digest FROM recorded "
+            f"WHERE rollout_id IN ({', '.join('?' * len(ids))})", ids)}
+        self._db.executemany("INSERT INTO matched VALUES (?)", [(rid,) for rid in found])
+        result = self.result
+        before, after = [], []
+        for rollout_id, new in group:
+            if rollout_id not in found:
+                result.only_replayed += 1
+                self._example("only_replayed", rollout_id)
+                continue
+            environment, reward, a_old, digest = found[rollout_id]
+            a_new = new.advantage
+            env = result.environments[environment]
+            env.rollouts += 1
+            env.rewards_before.add(reward)
+            env.rewards_after.add(new.reward)
+            env.advantages_before.add(a_old)
+            env.advantages_after.add(a_new)
+            env.sign_flips += (a_old > 0 > a_new) or (a_old < 0 < a_new)
+            before.append(a_old)
+            after.append(a_new)
+            if digest == new.digest:
+                result.identical += 1
+                continue
+            result.changed += 1
+            entry = (abs(a_new - a_old), rollout_id, a_old, a_new)
+            if len(self._largest) < LARGEST_KEPT:
+                heapq.heappush(self._largest, entry)
+            else:
+                heapq.heappushpop(self._largest, entry)
+        if after and all(v == 0 for v in after) and any(v != 0 for v in before):
+            result.zero_signal_groups += 1
+            self._example("zero_signal", group[0][1].group_id)
 
     def _example(self, kind: str, rollout_id: str) -> None:
         if len(self.result.examples[kind]) < EXAMPLES_KEPT:
@@ -291,11 +301,15 @@ class Comparer:
 
     def finish(self) -> Comparison:
         """The comparison; recorded events no replayed one matched count as `only_recorded`."""
-        self._close_group()
+        if self._group:
+            self._compare_group()
         result = self.result
-        result.only_recorded = self._db.execute("SELECT COUNT(*) FROM recorded").fetchone()[0]
+        self._db.execute("COMMIT")
+        self._db.execute("CREATE INDEX matched_ids ON matched (rollout_id)")
+        unmatched = "FROM recorded WHERE rollout_id NOT IN (SELECT rollout_id FROM matched)"
+        result.only_recorded = self._db.execute(f"SELECT COUNT(*) {unmatched}").fetchone()[0]
         result.examples["only_recorded"] = [r for (r,) in self._db.execute(
-            "SELECT rollout_id FROM recorded ORDER BY rollout_id LIMIT ?", (EXAMPLES_KEPT,))]
+            f"SELECT rollout_id {unmatched} ORDER BY rollout_id LIMIT ?", (EXAMPLES_KEPT,))]
         result.largest = [(rid, old, new) for _, rid, old, new in sorted(self._largest, reverse=True)]
         self._db.close()
         return result

@@ -13,6 +13,7 @@ and only persist states and send events.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -185,6 +186,37 @@ class GroupScorer:
         if self._teacher is None:
             raise RuntimeError(f"algorithm {rollout.algorithm!r} needs a teacher: set scorer.teacher")
         return self._teacher(rollout.prompt_token_ids, rollout.completion_token_ids)
+
+
+class Deadlines:
+    """When each group next has something for `on_tick` to do (an open group its timeout, a closed
+    one its forgetting), so a tick visits only the groups due instead of every group held: the
+    scorer holds every group closed within `retain_closed_s`, far more than are due at once.
+    Drivers `push` a group's state after every change; a group pushed twice has two entries, and
+    the older one, popped early, finds nothing due."""
+
+    def __init__(self, settings: ScorerSettings) -> None:
+        self.settings = settings
+        self._heap: list[tuple[int, str]] = []
+
+    def push(self, group_id: str, state: ScorerGroupState | None) -> None:
+        if state is None:
+            return
+        if state.closed_at_ms is not None:
+            due = state.closed_at_ms + math.ceil(self.settings.retain_closed_s * 1000)
+        else:
+            due = state.first_seen_ms + math.ceil(self.settings.group_timeout_s * 1000)
+        heapq.heappush(self._heap, (due, group_id))
+
+    def due(self, now_ms: int) -> list[str]:
+        """The groups due by `now_ms` (each once), taken off the schedule."""
+        out: dict[str, None] = {}
+        while self._heap and self._heap[0][0] <= now_ms:
+            out[heapq.heappop(self._heap)[1]] = None
+        return list(out)
+
+    def __len__(self) -> int:
+        return len(self._heap)
 
 
 def scoring_span(event: Event) -> AbstractContextManager[None]:

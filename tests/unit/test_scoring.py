@@ -125,3 +125,18 @@ def test_a_failing_teacher_drops_the_group_with_the_reason():
     _, steps = feed(GroupScorer(ScorerSettings(), teacher=teacher), group_of("g1", [0, 0], algorithm="distill"))
     assert scored(steps) == []
     assert "teacher endpoint refused" in dropped(steps)[0].detail
+
+
+def test_deadlines_give_a_tick_only_the_groups_due():
+    from rollwire.schemas.scorer import ScorerGroupState
+    from rollwire.streams.scoring import Deadlines
+    settings = ScorerSettings(group_timeout_s=10, retain_closed_s=60)
+    deadlines = Deadlines(settings)
+    open_state = ScorerGroupState(group_id="open", environment="e", algorithm="grpo", group_size=2, first_seen_ms=1_000)
+    closed = open_state.model_copy(update={"group_id": "closed", "closed_at_ms": 2_000})
+    deadlines.push("open", open_state)
+    deadlines.push("closed", closed)
+    deadlines.push("open", open_state)  # pushed again after a change: due once
+    assert deadlines.due(10_999) == []
+    assert deadlines.due(11_000) == ["open"]
+    assert deadlines.due(61_999) == [] and deadlines.due(62_000) == ["closed"] and len(deadlines) == 0
