@@ -31,15 +31,18 @@ class RolloutStory:
     """Every member of its group, by rollout id (itself included)."""
     trained_in: TrainStepCompleted | None = None
     dropped: list[RolloutsDropped] = field(default_factory=list)
+    serving: dict[int, list[str]] = field(default_factory=dict)
+    """Per weight version the rollout sampled from: the replicas whose last report before the
+    rollout was recorded said they served it (the fleet topic's view; one replica in a plain run)."""
     unreadable: int = 0
 
 
 def rollout_story(log: EventLog, topics: Topics, rollout_id: str) -> RolloutStory:
     """Everything the run's events say about `rollout_id`; `ConfigError` when no rollout has that id."""
     unread = HeldDeadLetters("inspect")
-    found = next((d.event for d in read_to_end(log, [topics.rollouts], unread) if d.event.rollout_id == rollout_id),
-                 None)
-    if found is None:
+    delivery = next((d for d in read_to_end(log, [topics.rollouts], unread) if d.event.rollout_id == rollout_id), None)
+    found = delivery.event if delivery is not None else None
+    if delivery is None or found is None:
         raise ConfigError(f"no rollout {rollout_id!r} on {topics.rollouts}: check the id (`rollwire tail rollouts`) "
                           "and the run's log and prefix")
     story = RolloutStory(rollout=found)
@@ -58,6 +61,12 @@ def rollout_story(log: EventLog, topics: Topics, rollout_id: str) -> RolloutStor
             story.dropped.append(event)
         elif isinstance(event, TrainStepCompleted) and rollout_id in event.rollout_ids and story.trained_in is None:
             story.trained_in = event
+    last_report: dict[str, int | None] = {}  # replica -> the version it last said it served
+    for d in read_to_end(log, [topics.fleet], unread):
+        if isinstance(d.event, ReplicaStatus) and d.envelope.produced_at_ms <= delivery.envelope.produced_at_ms:
+            last_report[d.event.replica_id] = d.event.serving_version if d.event.state == "serving" else None
+    for span in found.weight_versions:
+        story.serving[span.version] = sorted(r for r, v in last_report.items() if v == span.version)
     story.unreadable = unread.count
     return story
 
@@ -89,7 +98,9 @@ def render_rollout(story: RolloutStory, tokenizer: Any = None, trace_url: str | 
               _completion_text(r, tokenizer) if r.completion_token_ids else "(none)", ""]
     if story.trace is not None and story.trace.completion:
         lines.append(f"answer judged: {story.trace.completion!r} (finish: {story.trace.finish_reason})")
-    spans = ", ".join(f"version {s.version} tokens {s.start}-{s.end}" for s in r.weight_versions)
+    spans = ", ".join(f"version {s.version} tokens {s.start}-{s.end}"
+                      + (f" (served by {', '.join(story.serving[s.version])})" if story.serving.get(s.version) else "")
+                      for s in r.weight_versions)
     lines.append(f"sampled by: {spans or '(no tokens sampled)'}")
     if r.error is not None:
         lines.append(f"error: {r.error.kind}: {r.error.message}")

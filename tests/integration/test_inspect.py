@@ -16,6 +16,13 @@ from rollwire.schemas.training import Staleness
 
 
 def recorded_with_a_step(log, topics) -> None:
+    from rollwire.bus import catalog_topics
+    log.create_topics(catalog_topics(topics))
+    fleet = EventProducer(log.producer(), topics, name="replica")
+    for replica, version in (("replica-0", 0), ("replica-1", 0), ("replica-2", None)):
+        fleet.send(topics.fleet, ReplicaStatus(replica_id=replica, state="serving" if version is not None else "failed",
+                                               serving_version=version), key=replica)
+    fleet.close()
     record_scored_run(log, topics, groups=4)
     producer = EventProducer(log.producer(), topics, name="trainer")
     producer.send(topics.train, TrainStepCompleted(step=1, policy_version=1, rollout_ids=["g0-r0", "g0-r1", "g1-r0"],
@@ -36,7 +43,7 @@ def test_a_rollout_s_story_names_its_task_group_score_and_fate(log, topics):
     assert trained.scored.rollout.rollout_id == "g0-r1" and trained.trained_in.step == 1
     text = render_rollout(trained)
     assert "trained: step 1, which produced policy version 1" in text and "g0-r1 (this)" in text
-    assert "advantage" in text and "sampled by: version 0 tokens 0-9" in text
+    assert "advantage" in text and "sampled by: version 0 tokens 0-9 (served by replica-0, replica-1)" in text
 
     dropped = render_rollout(rollout_story(log, topics, "g2-r1"))
     assert "dropped: stale at the trainer: 3 versions behind" in dropped
