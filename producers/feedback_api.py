@@ -23,11 +23,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import ipaddress
 import json
 import logging
-import os
-import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,11 +35,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rollwire import telemetry
 from rollwire.bus import EventLog, EventProducer, records_to_end
-from rollwire.errors import ConfigError
+from rollwire.http_auth import Refused, check_exposure, load_tokens, source_of
 from rollwire.schemas.feedback import FeedbackReceived
 from rollwire.schemas.topics import Topics
 
 logger = logging.getLogger(__name__)
+
+TOKENS_VARIABLE = "ROLLWIRE_FEEDBACK_TOKENS"
+"""Bearer tokens from the environment: `SOURCE=TOKEN,SOURCE=TOKEN`."""
 
 SERVER_SET = ("type", "received_at_ms")
 """Fields of the event the server fills in; an item that sets them is refused."""
@@ -76,67 +76,6 @@ class ItemError(ValueError):
     def __init__(self, errors: list[dict[str, str]]) -> None:
         super().__init__("; ".join(f"{e['loc']}: {e['msg']}" for e in errors))
         self.errors = errors
-
-
-class Refused(Exception):
-    """A request refused as a whole: its HTTP status, reason and headers."""
-
-    def __init__(self, status: int, reason: str, headers: Mapping[str, str] | None = None) -> None:
-        super().__init__(reason)
-        self.status, self.reason, self.headers = status, reason, dict(headers or {})
-
-
-def load_tokens(path: Path | None, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """`{token: source}` from the tokens file and $ROLLWIRE_FEEDBACK_TOKENS."""
-    pairs: list[tuple[str, str]] = []
-    if path is not None:
-        try:
-            lines = path.read_text().splitlines()
-        except OSError as exc:
-            raise ConfigError(f"cannot read the tokens file {path}: {exc}") from None
-        for number, line in enumerate(lines, 1):
-            line = line.split("#", 1)[0].strip()
-            if not line:
-                continue
-            parts = line.split()
-            if len(parts) != 2:
-                raise ConfigError(f"{path}:{number}: expected `SOURCE TOKEN`, got {len(parts)} words")
-            pairs.append((parts[0], parts[1]))
-    for item in filter(None, environ.get("ROLLWIRE_FEEDBACK_TOKENS", "").split(",")):
-        source, sep, token = item.partition("=")
-        if not sep or not source or not token:
-            raise ConfigError("ROLLWIRE_FEEDBACK_TOKENS must read SOURCE=TOKEN[,SOURCE=TOKEN...]")
-        pairs.append((source.strip(), token.strip()))
-    weak = [source for source, token in pairs if len(token) < 16]
-    if weak:
-        raise ConfigError(f"the tokens of {', '.join(weak)} are shorter than 16 characters: use e.g. "
-                          "`python -c 'import secrets; print(secrets.token_urlsafe(24))'`")
-    return {token: source for source, token in pairs}
-
-
-def check_exposure(host: str, tokens: Mapping[str, str]) -> None:
-    """Refuses to listen beyond this machine without tokens."""
-    try:
-        loopback = ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = host == "localhost"
-    if not loopback and not tokens:
-        raise ConfigError(f"refusing to listen on {host} without bearer tokens: anyone who can reach it could write "
-                          "training data; give --tokens FILE (or $ROLLWIRE_FEEDBACK_TOKENS), or listen on 127.0.0.1")
-
-
-def source_of(authorization: str | None, tokens: Mapping[str, str]) -> str | None:
-    """The source a request's bearer token is bound to; None when the server has no tokens.
-    Raises `Refused(401)` for a missing or unknown token."""
-    if not tokens:
-        return None
-    scheme, _, token = (authorization or "").partition(" ")
-    if scheme.lower() != "bearer" or not token:
-        raise Refused(401, "send `Authorization: Bearer <token>`", {"WWW-Authenticate": "Bearer"})
-    for known, source in tokens.items():  # every token compared, in constant time
-        if secrets.compare_digest(known.encode(), token.strip().encode()):
-            return source
-    raise Refused(401, "unknown bearer token", {"WWW-Authenticate": 'Bearer error="invalid_token"'})
 
 
 def to_event(item: Any, source: str | None) -> FeedbackReceived:
@@ -400,8 +339,8 @@ def serve(log: EventLog, topics: Topics, settings: FeedbackApiSettings, *, ready
     """Runs the server until interrupted. `ready(port)` is called once it listens."""
     from aiohttp import web
 
-    tokens = load_tokens(settings.tokens_file)
-    check_exposure(settings.host, tokens)
+    tokens = load_tokens(settings.tokens_file, TOKENS_VARIABLE)
+    check_exposure(settings.host, tokens, "training data")
     ingest = Ingest(log, topics, settings)
     seen = ingest.load_seen()
 

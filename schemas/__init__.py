@@ -26,6 +26,7 @@ from rollwire.schemas.rollout import (
     WeightVersionSpan,
 )
 from rollwire.schemas.scorer import ScorerGroupRollout, ScorerGroupState, ScorerTick
+from rollwire.schemas.serving import ResponseServed
 from rollwire.schemas.topics import CATALOG, Topics, TopicSpec
 from rollwire.schemas.training import RolloutsDropped, Staleness, TrainStepCompleted
 from rollwire.schemas.weights import ReplicaStatus, WeightsPublished
@@ -33,7 +34,7 @@ from rollwire.schemas.weights import ReplicaStatus, WeightsPublished
 __all__ = [
     "CATALOG", "DEFAULT_MAX_EVENT_BYTES", "EVENT_TYPES", "AnyEvent", "BlobPointer", "Codec",
     "CorruptEventError", "DeadLetter", "Envelope", "Event", "EventTooLargeError",
-    "FeedbackReceived", "InferenceCall", "InvalidEventError", "ReplicaStatus", "RolloutCompleted",
+    "FeedbackReceived", "InferenceCall", "InvalidEventError", "ReplicaStatus", "ResponseServed", "RolloutCompleted",
     "RolloutError", "RolloutTimings", "RolloutsDropped", "SamplingParams", "SchemaError",
     "SchemaVersionTooNewError", "ScoredRollout", "ScorerGroupRollout", "ScorerGroupState", "ScorerTick",
     "Staleness", "TaskAssigned", "TopicSpec", "Topics",

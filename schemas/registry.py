@@ -11,12 +11,14 @@ from rollwire.schemas.deadletter import DeadLetter
 from rollwire.schemas.feedback import FeedbackReceived
 from rollwire.schemas.rollout import RolloutCompleted, ScoredRollout, TaskAssigned, TraceRecorded
 from rollwire.schemas.scorer import ScorerGroupRollout, ScorerGroupState, ScorerTick
+from rollwire.schemas.serving import ResponseServed
 from rollwire.schemas.training import RolloutsDropped, TrainStepCompleted
 from rollwire.schemas.weights import ReplicaStatus, WeightsPublished
 
 AnyEvent = Annotated[
     TaskAssigned | RolloutCompleted | TraceRecorded | ScoredRollout | WeightsPublished | ReplicaStatus
-    | TrainStepCompleted | RolloutsDropped | FeedbackReceived | DeadLetter | ScorerGroupState | ScorerGroupRollout | ScorerTick,
+    | TrainStepCompleted | RolloutsDropped | FeedbackReceived | ResponseServed | DeadLetter | ScorerGroupState
+    | ScorerGroupRollout | ScorerTick,
     Field(discriminator="type"),
 ]
 """Any rollwire event, discriminated on its `type` tag."""

@@ -18,6 +18,7 @@ from rollwire.schemas.feedback import FeedbackReceived
 from rollwire.schemas.registry import type_tag
 from rollwire.schemas.rollout import RolloutCompleted, ScoredRollout, TaskAssigned, TraceRecorded
 from rollwire.schemas.scorer import ScorerGroupRollout, ScorerGroupState, ScorerTick
+from rollwire.schemas.serving import ResponseServed
 from rollwire.schemas.training import RolloutsDropped, TrainStepCompleted
 from rollwire.schemas.weights import ReplicaStatus, WeightsPublished
 
@@ -64,7 +65,9 @@ CATALOG: tuple[TopicSpec, ...] = (
     TopicSpec("train", (TrainStepCompleted,), "policy name", 1, "delete", 30 * DAY_MS,
               "trainer", "dispatcher, run display, metrics"),
     TopicSpec("feedback", (FeedbackReceived,), "conversation id", 4, "delete", 30 * DAY_MS,
-              "production apps", "feedback joiner"),
+              "production apps (feedback ingestion)", "feedback joiner"),
+    TopicSpec("served", (ResponseServed,), "conversation id", 4, "delete", 30 * DAY_MS,
+              "serving gateway", "feedback joiner"),
     TopicSpec("deadletter", (DeadLetter,), "source topic", 1, "delete", 30 * DAY_MS,
               "every consumer", "dispatcher (counts refused rollouts back), operators, replay tools"),
     TopicSpec("scorer-state", (ScorerGroupState, ScorerGroupRollout), "group id (NUL sample index)", 4, "compact", None,

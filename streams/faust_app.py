@@ -13,9 +13,9 @@ concurrency stays 1 because faust can commit past an event still in flight with 
 (outputs and changelog) before it commits offsets, so delivery is at-least-once; consumers
 dedupe on rollout id.
 
-Faust tables change only while processing a record of the same partition, so timeouts come as
-tick records: the leader's timer sends one to every partition of `scorer-ticks`, and the agent
-expires the open groups whose key hashes to that partition.
+Timeouts come as tick records: the leader's timer sends one to every partition of
+`scorer-ticks`, and the agent expires the groups of that partition that are due
+(`scoring.Deadlines`: a tick visits those only, not the whole table).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from rollwire.bus.base import Record
 from rollwire.bus.events import dead_letter_for, outgoing
 from rollwire.bus.partitioner import partition_for
 from rollwire.bus.settings import KafkaBusSettings
+from rollwire.schemas.base import now_ms
 from rollwire.schemas.envelope import Codec
 from rollwire.schemas.errors import SchemaError
 from rollwire.schemas.rollout import RolloutCompleted
@@ -40,7 +41,7 @@ from rollwire.schemas.scorer import ScorerGroupState, ScorerTick
 from rollwire.schemas.topics import Topics
 from rollwire.streams import group_changelog
 from rollwire.streams.faust_recovery import SeekBeforeFetchTableManager
-from rollwire.streams.scoring import GroupScorer, ScorerSettings, Step, route, scoring_span
+from rollwire.streams.scoring import Deadlines, GroupScorer, ScorerSettings, Step, route, scoring_span
 
 logger = logging.getLogger(__name__)
 
@@ -142,10 +143,14 @@ def build_app(settings: FaustScorerSettings, scorer_settings: ScorerSettings, *,
     # always current: the table catches up at the end of each batch, from `pending`.
     held: dict[str, ScorerGroupState | None] = {}
     pending = group_changelog.PendingWrites()
+    # Per rollout partition, when its groups are next due for a tick (`scoring.Deadlines`): built
+    # from the table by the partition's first tick after an assignment, then kept by `apply`.
+    deadlines: dict[int, Deadlines] = {}
 
     @app.on_partitions_revoked.connect
     async def forget_decoded(*_args: Any, **_kwargs: Any) -> None:
         held.clear()
+        deadlines.clear()
 
     async def apply(group_id: str, step: Step) -> None:
         for event in step.events:
@@ -154,6 +159,18 @@ def build_app(settings: FaustScorerSettings, scorer_settings: ScorerSettings, *,
         pending.add(group_changelog.writes(group_id, state_of(group_id), step))
         if step.changed:
             held[group_id] = step.state
+            schedule = deadlines.get(partition_for(group_id.encode(), partitions))
+            if schedule is not None:
+                schedule.push(group_id, step.state)
+
+    def due(partition: int, now: int) -> list[str]:
+        """The groups of `partition` due for a tick."""
+        if partition not in deadlines:  # the first tick since the assignment: one pass over the table
+            deadlines[partition] = Deadlines(scorer.settings)
+            for key in [k for k in list(groups.keys())
+                        if group_changelog.is_group_key(k) and partition_for(k, partitions) == partition]:
+                deadlines[partition].push(key.decode(), state_of(key.decode()))
+        return deadlines[partition].due(now)
 
     def write_table() -> None:
         """The batch's changes, coalesced, into the table (faust sends each to the changelog)."""
@@ -210,11 +227,11 @@ def build_app(settings: FaustScorerSettings, scorer_settings: ScorerSettings, *,
             return
         if isinstance(decoded, ScorerTick):
             write_table()  # groups opened earlier in this batch are in the table too
-            for key in [k for k in list(groups.keys())
-                        if group_changelog.is_group_key(k) and partition_for(k, partitions) == record.partition]:
-                state = state_of(key.decode())
+            now = now_ms()
+            for group_id in due(record.partition, now):
+                state = state_of(group_id)
                 if state is not None:
-                    await apply(key.decode(), scorer.on_tick(state))
+                    await apply(group_id, scorer.on_tick(state, now=now))
             return
         if not isinstance(decoded, RolloutCompleted):
             await send("deadletter", dead_letter_for(record, f"{decoded.type} does not belong on {record.topic}",

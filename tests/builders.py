@@ -10,6 +10,7 @@ from rollwire.schemas import (
     FeedbackReceived,
     InferenceCall,
     ReplicaStatus,
+    ResponseServed,
     RolloutCompleted,
     RolloutsDropped,
     RolloutTimings,
@@ -110,12 +111,20 @@ def group_rollout(**kw) -> ScorerGroupRollout:
     return ScorerGroupRollout(**{"rollout": rollout(), **kw})
 
 
+def served(**kw) -> ResponseServed:
+    call = InferenceCall(prompt_token_ids=[1, 40, 41], completion_token_ids=[50, 51, 2], completion_logprobs=[-0.5, -0.25, -0.1],
+                         weight_versions=[WeightVersionSpan(version=4, start=0, end=3)], finish_reason="stop")
+    return ResponseServed(**{"response_id": "resp-1", "conversation_id": "conv-1", "source": "chat-app",
+                             "endpoint": "chat", "model": "policy", "messages": [{"role": "user", "content": "hi"}],
+                             "call": call, "completion": "ab", "served_at_ms": 1_790_000_000_800, **kw})
+
+
 def tick(**kw) -> ScorerTick:
     return ScorerTick(**{"at_ms": 1_790_000_000_700, **kw})
 
 
 ALL: dict[str, Event] = {e.type: e for e in (task(), rollout(), trace(), scored(), weights(), replica(),
-                                            train_step(), dropped(), feedback(), dead_letter(),
+                                            train_step(), dropped(), feedback(), served(), dead_letter(),
                                             group_state(), group_rollout(), tick())}
 """One valid example of every event type, by type tag."""
 

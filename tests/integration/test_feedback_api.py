@@ -129,6 +129,7 @@ def test_listening_beyond_loopback_without_tokens_is_refused(tmp_path):
                            "--log-dir", str(tmp_path / "log")], capture_output=True, text=True, timeout=60,
                           env={k: v for k, v in os.environ.items() if k != "ROLLWIRE_FEEDBACK_TOKENS"})
     assert done.returncode == 2 and "refusing to listen on 0.0.0.0 without bearer tokens" in done.stderr
+    assert "could use training data" in done.stderr
 
 
 def test_an_import_stores_each_line_once_even_when_run_again(tmp_path):

@@ -11,7 +11,8 @@ import pytest
 
 from rollwire.bus.errors import DeliveryError
 from rollwire.errors import ConfigError
-from rollwire.producers.feedback_api import FeedbackApiSettings, Ingest, Refused, load_tokens, to_event
+from rollwire.http_auth import Refused, load_tokens
+from rollwire.producers.feedback_api import FeedbackApiSettings, Ingest, to_event
 from rollwire.schemas import Topics
 
 
@@ -89,10 +90,11 @@ def test_a_log_that_fails_gets_503_and_the_id_can_be_sent_again():
 def test_tokens_come_from_a_file_and_the_environment_and_must_be_long(tmp_path):
     path = tmp_path / "tokens"
     path.write_text("# source token\nchat-app " + "t" * 20 + "\n\n")
-    assert load_tokens(path, {"ROLLWIRE_FEEDBACK_TOKENS": "search=" + "s" * 16}) == {"t" * 20: "chat-app",
+    assert load_tokens(path, "ROLLWIRE_FEEDBACK_TOKENS", {"ROLLWIRE_FEEDBACK_TOKENS": "search=" + "s" * 16}) == {
+        "t" * 20: "chat-app",
                                                                                      "s" * 16: "search"}
     with pytest.raises(ConfigError, match="shorter than 16 characters"):
-        load_tokens(None, {"ROLLWIRE_FEEDBACK_TOKENS": "app=short"})
+        load_tokens(None, "ROLLWIRE_FEEDBACK_TOKENS", {"ROLLWIRE_FEEDBACK_TOKENS": "app=short"})
     path.write_text("only-one-word\n")
     with pytest.raises(ConfigError, match=r"tokens:1: expected `SOURCE TOKEN`"):
-        load_tokens(path, {})
+        load_tokens(path, "ROLLWIRE_FEEDBACK_TOKENS", {})

@@ -1,0 +1,79 @@
+"""Bearer tokens bound to sources, for the HTTP services rollwire runs (feedback ingestion, the
+serving gateway): where they come from, who a request is, and what may listen beyond this machine.
+
+    tokens file  `SOURCE TOKEN` a line  ┐
+    $<SERVICE>_TOKENS `SOURCE=TOKEN,...` ┴──▶ {token: source} ──▶ source_of(Authorization header)
+                                                                  401 without a known token
+    check_exposure(host, tokens): no tokens, no address but loopback
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import secrets
+from collections.abc import Mapping
+from pathlib import Path
+
+from rollwire.errors import ConfigError
+
+
+class Refused(Exception):
+    """A request refused as a whole: its HTTP status, reason and headers."""
+
+    def __init__(self, status: int, reason: str, headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(reason)
+        self.status, self.reason, self.headers = status, reason, dict(headers or {})
+
+
+def load_tokens(path: Path | None, variable: str, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """`{token: source}` from the tokens file and the environment variable `variable`."""
+    pairs: list[tuple[str, str]] = []
+    if path is not None:
+        try:
+            lines = path.read_text().splitlines()
+        except OSError as exc:
+            raise ConfigError(f"cannot read the tokens file {path}: {exc}") from None
+        for number, line in enumerate(lines, 1):
+            line = line.split("#", 1)[0].strip()
+            if not line:
+                continue
+            parts = line.split()
+            if len(parts) != 2:
+                raise ConfigError(f"{path}:{number}: expected `SOURCE TOKEN`, got {len(parts)} words")
+            pairs.append((parts[0], parts[1]))
+    for item in filter(None, environ.get(variable, "").split(",")):
+        source, sep, token = item.partition("=")
+        if not sep or not source or not token:
+            raise ConfigError(f"{variable} must read SOURCE=TOKEN[,SOURCE=TOKEN...]")
+        pairs.append((source.strip(), token.strip()))
+    weak = [source for source, token in pairs if len(token) < 16]
+    if weak:
+        raise ConfigError(f"the tokens of {', '.join(weak)} are shorter than 16 characters: use e.g. "
+                          "`python -c 'import secrets; print(secrets.token_urlsafe(24))'`")
+    return {token: source for source, token in pairs}
+
+
+def check_exposure(host: str, tokens: Mapping[str, str], guards: str) -> None:
+    """Refuses to listen beyond this machine without tokens; `guards` says what they protect."""
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if not loopback and not tokens:
+        raise ConfigError(f"refusing to listen on {host} without bearer tokens: anyone who can reach it could use "
+                          f"{guards}; give --tokens FILE (or the tokens variable), or listen on 127.0.0.1")
+
+
+def source_of(authorization: str | None, tokens: Mapping[str, str]) -> str | None:
+    """The source a request's bearer token is bound to; None when the server has no tokens.
+    Raises `Refused(401)` for a missing or unknown token."""
+    if not tokens:
+        return None
+    scheme, _, token = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        raise Refused(401, "send `Authorization: Bearer <token>`", {"WWW-Authenticate": "Bearer"})
+    for known, source in tokens.items():  # every token compared, in constant time
+        if secrets.compare_digest(known.encode(), token.strip().encode()):
+            return source
+    raise Refused(401, "unknown bearer token", {"WWW-Authenticate": 'Bearer error="invalid_token"'})
