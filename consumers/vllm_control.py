@@ -108,10 +108,15 @@ class VllmControl:
         return self._request("POST", "/inference/v1/generate", body)
 
     def generate_stream(self, token_ids: Sequence[int], *, max_tokens: int = 64, temperature: float = 1.0,
-                        seed: int | None = None, ignore_eos: bool = False) -> Iterator[dict]:
+                        seed: int | None = None, ignore_eos: bool = False, model: str | None = None,
+                        stop_token_ids: Sequence[int] | None = None) -> Iterator[dict]:
         """Like `generate`, streamed: yields each server-sent chunk as it arrives."""
-        body = {"token_ids": list(token_ids), "stream": True,
-                "sampling_params": _sampling(max_tokens, temperature, True, seed, ignore_eos)}
+        sampling = _sampling(max_tokens, temperature, True, seed, ignore_eos)
+        if stop_token_ids:
+            sampling["stop_token_ids"] = list(stop_token_ids)
+        body: dict[str, Any] = {"token_ids": list(token_ids), "stream": True, "sampling_params": sampling}
+        if model:
+            body["model"] = model
         try:
             for line in self._http.stream_lines("POST", "/inference/v1/generate", body):
                 line = line.strip()

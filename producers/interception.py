@@ -132,23 +132,36 @@ class Interceptor:
                                  "gen_ai.usage.input_tokens": len(prompt_ids),
                                  "gen_ai.usage.output_tokens": len(choice["token_ids"]),
                                  "rollwire.weight_versions": ",".join(map(str, versions))})
-        completion = choice["token_ids"]
-        call = InferenceCall(
-            prompt_token_ids=list(prompt_ids), completion_token_ids=completion,
-            completion_logprobs=[c["logprob"] for c in choice["logprobs"]["content"]],
-            weight_versions=[WeightVersionSpan(version=_version(s["version"]), start=s["start"], end=s["end"])
-                             for s in choice.get("weight_versions") or []],
-            finish_reason=choice.get("finish_reason"), latency_s=time.perf_counter() - started)
+        call = recorded_call(prompt_ids, choice, time.perf_counter() - started)
         with self._lock:
             self.calls.append(call)
             self.events.append(("call", len(self.calls) - 1))
             self.finish_reason = call.finish_reason
-        if choice.get("finish_reason") == "stop" and (choice.get("stop_reason") is None
-                                                     or choice.get("stop_reason") in (stop_token_ids or [])):
-            completion = completion[:-1]  # the end-of-sequence or end-of-turn token: trained, never shown
+        completion = shown_ids(choice, stop_token_ids)
         if not completion:
             return ""
         return self.control.detokenize(completion)
+
+
+def recorded_call(prompt_ids: list[int], choice: dict, latency_s: float) -> InferenceCall:
+    """The record of one generation: a `/inference/v1/generate` choice (or the chunks of a stream,
+    joined into one) with the prompt ids it was given."""
+    return InferenceCall(
+        prompt_token_ids=list(prompt_ids), completion_token_ids=list(choice["token_ids"]),
+        completion_logprobs=[c["logprob"] for c in choice["logprobs"]["content"]],
+        weight_versions=[WeightVersionSpan(version=_version(s["version"]), start=s["start"], end=s["end"])
+                         for s in choice.get("weight_versions") or []],
+        finish_reason=choice.get("finish_reason"), latency_s=latency_s)
+
+
+def shown_ids(choice: dict, stop_token_ids: list[int] | None) -> list[int]:
+    """The sampled ids a caller sees: all of them, less the end-of-sequence or end-of-turn token
+    generation stopped on (trained, never shown)."""
+    completion = list(choice["token_ids"])
+    if choice.get("finish_reason") == "stop" and (choice.get("stop_reason") is None
+                                                 or choice.get("stop_reason") in (stop_token_ids or [])):
+        return completion[:-1]
+    return completion
 
 
 END_OF_TURN = "<|im_end|>"

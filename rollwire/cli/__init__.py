@@ -8,7 +8,7 @@ what the subcommand needs (so `rollwire --help` never loads Kafka, torch or vLLM
     evaluate.py   eval
     run.py        run (the whole loop from a recipe)
     replay.py     replay score, replay train (re-score or retrain a recorded run into shadow topics)
-    feedback.py   feedback serve, feedback import (production feedback onto the log)
+    feedback.py   serve (the serving gateway), feedback serve, feedback import (production feedback)
     inspect.py    inspect rollout, inspect step (one rollout's or step's story from the events)
 """
 
@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in (run.add_run, logs.add_topics, logs.add_tail, producers.add_dispatch, producers.add_env_worker,
                 services.add_score, services.add_inference, services.add_train, evaluate.add_evaluate,
-                replay.add_replay, inspect.add_inspect, feedback.add_feedback):
+                replay.add_replay, inspect.add_inspect, feedback.add_serve, feedback.add_feedback):
         add(sub)
     return parser
 

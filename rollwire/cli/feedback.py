@@ -1,4 +1,5 @@
-"""`rollwire feedback serve` and `rollwire feedback import`: production feedback onto the `feedback` topic."""
+"""Production traffic: `rollwire serve` (the serving gateway, with receipts), `rollwire feedback serve`
+and `rollwire feedback import` (feedback onto the `feedback` topic)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,60 @@ an item (JSON), the fields of `feedback.received` less those the server sets:
 kind is rating (in [-1, 1]), correction or preference; the judged response is a receipt
 (response_id), or messages / token ids when it was served elsewhere; feedback_id makes a resend
 harmless (the first result comes back, nothing is stored twice); source comes from the token."""
+
+
+def add_serve(sub) -> None:
+    serve = sub.add_parser(
+        "serve", help="serve production apps (OpenAI-compatible), recording responses for feedback",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="An OpenAI-compatible endpoint (/v1/chat/completions, /v1/completions, streamed or not,\n"
+                    "/v1/models) in front of a vLLM server. Each response carries a receipt, its `id` and an\n"
+                    "`x-rollwire-response-id` header, that feedback can name later; clients may send\n"
+                    "`x-rollwire-conversation-id`. --record-fraction of the responses are recorded in tokens on\n"
+                    "the `served` topic (prompt as rendered, sampled ids, logprobs, weight versions), so that\n"
+                    "feedback on them can train without re-tokenizing anything.",
+        epilog="examples:\n"
+               "  rollwire serve --upstream http://127.0.0.1:8000 --log-dir runs/demo/log --prefix demo\n"
+               "  ROLLWIRE_SERVE_TOKENS=chat-app=$TOKEN rollwire serve --bus kafka --host 0.0.0.0 --record-fraction 0.1\n\n"
+               "  from openai import OpenAI\n"
+               "  client = OpenAI(base_url=\"http://127.0.0.1:8350/v1\", api_key=TOKEN)\n"
+               "  reply = client.chat.completions.with_raw_response.create(model=\"policy\", messages=[...])\n"
+               "  receipt = reply.headers[\"x-rollwire-response-id\"]   # post feedback on it later")
+    serve.add_argument("--upstream", default="http://127.0.0.1:8000", help="the vLLM server (default %(default)s)")
+    serve.add_argument("--model", default="policy", help="the model name served (default %(default)s)")
+    serve.add_argument("--host", default="127.0.0.1", help="address (default %(default)s; others need tokens)")
+    serve.add_argument("--port", type=int, default=8350, help="port (default %(default)s; 0: any free one)")
+    serve.add_argument("--tokens", type=Path, metavar="FILE", help="bearer tokens, `SOURCE TOKEN` a line "
+                       "(also $ROLLWIRE_SERVE_TOKENS)")
+    serve.add_argument("--record-fraction", type=float, default=1.0, metavar="F",
+                       help="share of responses recorded on `served` (default %(default)s)")
+    serve.add_argument("--max-tokens", type=int, default=256, help="default and most max_tokens (default %(default)s)")
+    add_bus_options(serve)
+    serve.set_defaults(run=cmd_gateway)
+
+
+def cmd_gateway(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from rollwire.bus import catalog_topics, open_log
+    from rollwire.producers.gateway import GatewaySettings, serve
+    from rollwire.schemas.topics import Topics
+    try:
+        settings = GatewaySettings(upstream=args.upstream, model=args.model, host=args.host, port=args.port,
+                                   tokens_file=args.tokens, record_fraction=args.record_fraction,
+                                   max_tokens=args.max_tokens)
+    except ValidationError as exc:
+        raise SystemExit("rollwire serve: " + "; ".join(f"--{'-'.join(map(str, e['loc'])).replace('_', '-')}: {e['msg']}"
+                                                        for e in exc.errors())) from None
+    topics = Topics(args.prefix)
+    with open_log(bus_settings(args)) as log:
+        log.create_topics(catalog_topics(topics))
+        try:
+            serve(log, topics, settings, ready=lambda port: print(f"serving {args.model} on http://{args.host}:{port}/v1",
+                                                                   flush=True))
+        except KeyboardInterrupt:
+            pass
+    return 0
 
 
 def add_feedback(sub) -> None:
