@@ -6,7 +6,7 @@ in a `TrainStepCompleted`) or dropped (listed in a `RolloutsDropped` with its re
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -78,14 +78,18 @@ class RolloutsDropped(Event):
     accounting and the run display.
     """
 
+    SCHEMA_VERSION: ClassVar[int] = 2
+    """2 added the feedback joiner's reason `unjoinable` and stage `feedback joiner`; a version-1
+    payload is valid as it is."""
+
     type: Literal["rollouts.dropped"] = "rollouts.dropped"
     rollout_ids: list[str]
-    """The dropped rollouts."""
+    """The dropped rollouts (for feedback: the feedback ids)."""
     group_id: str | None = None
     """Their group, when all belong to one; None otherwise."""
-    reason: Literal["stale", "invalid", "group_timeout", "errored", "duplicate"]
+    reason: Literal["stale", "invalid", "group_timeout", "errored", "duplicate", "unjoinable"]
     """Why they were dropped."""
-    stage: Literal["scorer", "trainer"]
+    stage: Literal["scorer", "trainer", "feedback joiner"]
     """Which component dropped them."""
     detail: str = ""
     """Specifics, e.g. `lag 5 > max_off_policy 4`."""
