@@ -12,6 +12,7 @@ from rollwire.schemas.errors import (
     UnknownEventTypeError,
 )
 from rollwire.schemas.feedback import FeedbackReceived
+from rollwire.schemas.joiner import FeedbackJoinState, SourceBaseline
 from rollwire.schemas.registry import EVENT_TYPES, AnyEvent
 from rollwire.schemas.rollout import (
     InferenceCall,
@@ -34,10 +35,10 @@ from rollwire.schemas.weights import ReplicaStatus, WeightsPublished
 __all__ = [
     "CATALOG", "DEFAULT_MAX_EVENT_BYTES", "EVENT_TYPES", "AnyEvent", "BlobPointer", "Codec",
     "CorruptEventError", "DeadLetter", "Envelope", "Event", "EventTooLargeError",
-    "FeedbackReceived", "InferenceCall", "InvalidEventError", "ReplicaStatus", "ResponseServed", "RolloutCompleted",
-    "RolloutError", "RolloutTimings", "RolloutsDropped", "SamplingParams", "SchemaError",
-    "SchemaVersionTooNewError", "ScoredRollout", "ScorerGroupRollout", "ScorerGroupState", "ScorerTick",
-    "Staleness", "TaskAssigned", "TopicSpec", "Topics",
-    "TraceNode", "TraceRecorded", "TrainStepCompleted", "UnknownEventTypeError",
-    "WeightVersionSpan", "WeightsPublished", "new_id", "now_ms",
+    "FeedbackJoinState", "FeedbackReceived", "InferenceCall", "InvalidEventError", "ReplicaStatus",
+    "ResponseServed", "RolloutCompleted", "RolloutError", "RolloutTimings", "RolloutsDropped",
+    "SamplingParams", "SchemaError", "SchemaVersionTooNewError", "ScoredRollout",
+    "ScorerGroupRollout", "ScorerGroupState", "ScorerTick", "SourceBaseline", "Staleness",
+    "TaskAssigned", "TopicSpec", "Topics", "TraceNode", "TraceRecorded", "TrainStepCompleted",
+    "UnknownEventTypeError", "WeightVersionSpan", "WeightsPublished", "new_id", "now_ms",
 ]

@@ -15,6 +15,7 @@ from rollwire.errors import ConfigError
 from rollwire.schemas.base import Event
 from rollwire.schemas.deadletter import DeadLetter
 from rollwire.schemas.feedback import FeedbackReceived
+from rollwire.schemas.joiner import FeedbackJoinState, SourceBaseline
 from rollwire.schemas.registry import type_tag
 from rollwire.schemas.rollout import RolloutCompleted, ScoredRollout, TaskAssigned, TraceRecorded
 from rollwire.schemas.scorer import ScorerGroupRollout, ScorerGroupState, ScorerTick
@@ -74,6 +75,8 @@ CATALOG: tuple[TopicSpec, ...] = (
               "group scorer", "group scorer (restoring its table)"),
     TopicSpec("scorer-ticks", (ScorerTick,), "partition", 4, "delete", DAY_MS,
               "group scorer timer (faust)", "group scorer (faust)"),
+    TopicSpec("joiner-state", (FeedbackJoinState, SourceBaseline), "receipt (NUL source)", 4, "compact", None,
+              "feedback joiner", "feedback joiner (restoring its state)"),
 )
 
 _PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,100}$")

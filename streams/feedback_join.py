@@ -26,6 +26,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from rollwire.registry import Registry
 from rollwire.schemas.base import Event, now_ms
 from rollwire.schemas.feedback import FeedbackReceived
+from rollwire.schemas.joiner import FeedbackJoinState, SourceBaseline
 from rollwire.schemas.rollout import RolloutCompleted, ScoredRollout
 from rollwire.schemas.serving import ResponseServed
 from rollwire.schemas.training import RolloutsDropped
@@ -62,28 +63,6 @@ class FeedbackJoinSettings(BaseModel):
     """Per-source baseline a rating's advantage is measured from (`BASELINES`)."""
     algorithm: str = "feedback"
     """The algorithm name the samples carry (the trainer's loss does not depend on it)."""
-
-
-class FeedbackJoinState(BaseModel):
-    """What the joiner holds for one receipt."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    response_id: str
-    served: ResponseServed | None = None
-    waiting: list[FeedbackReceived] = Field(default_factory=list)
-    """Feedback that arrived before its served record, oldest first."""
-    joined: list[str] = Field(default_factory=list)
-    """Feedback ids already turned into samples or dropped: a resend of one is ignored."""
-    first_seen_ms: int = Field(default_factory=now_ms)
-
-
-class SourceBaseline(BaseModel):
-    """Running mean of one source's ratings."""
-
-    source: str
-    count: int = 0
-    mean: float = 0.0
 
 
 @dataclass

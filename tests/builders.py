@@ -7,6 +7,7 @@ import random
 from rollwire.schemas import (
     DeadLetter,
     Event,
+    FeedbackJoinState,
     FeedbackReceived,
     InferenceCall,
     ReplicaStatus,
@@ -18,6 +19,7 @@ from rollwire.schemas import (
     ScorerGroupRollout,
     ScorerGroupState,
     ScorerTick,
+    SourceBaseline,
     Staleness,
     TaskAssigned,
     Topics,
@@ -119,13 +121,22 @@ def served(**kw) -> ResponseServed:
                              "call": call, "completion": "ab", "served_at_ms": 1_790_000_000_800, **kw})
 
 
+def join_state(**kw) -> FeedbackJoinState:
+    return FeedbackJoinState(**{"response_id": "resp-1", "served": served(), "joined": ["fb-1"],
+                                "first_seen_ms": 1_790_000_000_900, **kw})
+
+
+def source_baseline(**kw) -> SourceBaseline:
+    return SourceBaseline(**{"source": "chat-app", "count": 3, "mean": 0.25, **kw})
+
+
 def tick(**kw) -> ScorerTick:
     return ScorerTick(**{"at_ms": 1_790_000_000_700, **kw})
 
 
 ALL: dict[str, Event] = {e.type: e for e in (task(), rollout(), trace(), scored(), weights(), replica(),
                                             train_step(), dropped(), feedback(), served(), dead_letter(),
-                                            group_state(), group_rollout(), tick())}
+                                            group_state(), group_rollout(), tick(), join_state(), source_baseline())}
 """One valid example of every event type, by type tag."""
 
 

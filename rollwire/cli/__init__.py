@@ -8,7 +8,7 @@ what the subcommand needs (so `rollwire --help` never loads Kafka, torch or vLLM
     evaluate.py   eval
     run.py        run (the whole loop from a recipe)
     replay.py     replay score, replay train (re-score or retrain a recorded run into shadow topics)
-    feedback.py   serve (the serving gateway), feedback serve, feedback import (production feedback)
+    feedback.py   serve (the serving gateway), feedback serve/import, join (production feedback to samples)
     inspect.py    inspect rollout, inspect step (one rollout's or step's story from the events)
 """
 
@@ -38,7 +38,9 @@ examples:
   rollwire inference --model runs/demo/base --port 8000   a vLLM replica following the weights topic
   rollwire replay score --run-dir runs/demo --into demo-rloo --algorithm rloo   what RLOO would have trained
   rollwire inspect rollout g7-0 --run-dir runs/demo   one rollout's story: text, versions, reward, fate
+  rollwire serve --upstream http://127.0.0.1:8000   an OpenAI-compatible gateway whose responses carry receipts
   rollwire feedback serve --log-dir runs/demo/log --prefix demo   the feedback ingestion API on :8340
+  rollwire join --log-dir runs/demo/log --prefix demo   feedback joined with served responses into samples
 
 Run `rollwire COMMAND --help` for the options of each command.
 """
@@ -56,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in (run.add_run, logs.add_topics, logs.add_tail, producers.add_dispatch, producers.add_env_worker,
                 services.add_score, services.add_inference, services.add_train, evaluate.add_evaluate,
-                replay.add_replay, inspect.add_inspect, feedback.add_serve, feedback.add_feedback):
+                replay.add_replay, inspect.add_inspect, feedback.add_serve, feedback.add_feedback, feedback.add_join):
         add(sub)
     return parser
 

@@ -73,6 +73,45 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_join(sub) -> None:
+    join = sub.add_parser(
+        "join", help="run the feedback joiner: feedback joined with served responses into training samples",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Joins each `feedback.received` with the `response.served` record its receipt names,\n"
+                    "whichever arrives first. A rating becomes a scored sample of the served tokens (the\n"
+                    "sampler's logprobs and weight versions kept), advantage = rating less the source's\n"
+                    "baseline; feedback whose response never arrives within window_s, and kinds that cannot\n"
+                    "train yet, go to `drops` with the reason. Its state is on `joiner-state`: a restarted\n"
+                    "joiner loses nothing and doubles nothing. One process per run.",
+        epilog="settings file (TOML), all keys optional:\n"
+               "  [joiner]\n  window_s = 3600\n  served_retention_s = 604800\n  baseline = \"source_mean\"   # or none")
+    join.add_argument("--config", type=Path, help="TOML file with a [joiner] table")
+    join.add_argument("--exit-when-idle", type=float, metavar="SECONDS", help="stop when nothing arrived for SECONDS")
+    add_bus_options(join)
+    join.set_defaults(run=cmd_join)
+
+
+def cmd_join(args: argparse.Namespace) -> int:
+    from rollwire.bus import catalog_topics, open_log
+    from rollwire.cli.options import config_table, validated
+    from rollwire.schemas.topics import Topics
+    from rollwire.streams.embedded_joiner import EmbeddedJoiner
+    from rollwire.streams.feedback_join import FeedbackJoiner, FeedbackJoinSettings
+    settings = validated(FeedbackJoinSettings, config_table(args.config, "joiner", "join"), "joiner", "join")
+    topics = Topics(args.prefix)
+    with open_log(bus_settings(args)) as log:
+        log.create_topics(catalog_topics(topics))
+        joiner = EmbeddedJoiner(log, topics, FeedbackJoiner(settings))
+        try:
+            joiner.run(stop_after_idle_s=args.exit_when_idle)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            joiner.close()
+    print(json.dumps(dict(joiner.stats)))
+    return 0
+
+
 def add_feedback(sub) -> None:
     commands = add_command_group(sub, "feedback", metavar="STEP",
                                  help="take production feedback in: an HTTP API, or a file",

@@ -1,0 +1,48 @@
+"""The feedback joiner's own records: what it holds per receipt and per source (its changelog),
+so a restarted joiner rebuilds exactly what it held, pending feedback included."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from rollwire.schemas.base import Event, now_ms
+from rollwire.schemas.feedback import FeedbackReceived
+from rollwire.schemas.serving import ResponseServed
+
+
+class FeedbackJoinState(Event):
+    """What the joiner holds for one receipt.
+
+    Produced by the feedback joiner on `joiner-state` (compacted; key: the receipt) whenever it
+    changes, tombstoned when forgotten; consumed by the feedback joiner when it restores.
+    """
+
+    type: Literal["feedback.join_state"] = "feedback.join_state"
+    response_id: str
+    """The receipt this state is about."""
+    served: ResponseServed | None = None
+    """The served record, once it arrived."""
+    waiting: list[FeedbackReceived] = Field(default_factory=list)
+    """Feedback that arrived before its served record, oldest first."""
+    joined: list[str] = Field(default_factory=list)
+    """Feedback ids already turned into samples or dropped: a resend of one is ignored."""
+    first_seen_ms: int = Field(default_factory=now_ms)
+    """When the joiner first heard of the receipt (epoch ms)."""
+
+
+class SourceBaseline(Event):
+    """Running mean of one source's ratings: the baseline its ratings' advantages are measured from.
+
+    Produced by the feedback joiner on `joiner-state` (key: NUL, then the source); consumed by it
+    when it restores.
+    """
+
+    type: Literal["feedback.source_baseline"] = "feedback.source_baseline"
+    source: str
+    """The application the ratings come from."""
+    count: int = Field(default=0, ge=0)
+    """Ratings counted."""
+    mean: float = 0.0
+    """Their mean."""

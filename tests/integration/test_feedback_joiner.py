@@ -1,0 +1,94 @@
+"""`rollwire join` on the embedded log and a real Kafka broker: feedback and served responses in
+either order, the joiner `kill -9`ed while feedback waits for its response, restarted. Every
+rating becomes one sample of its served tokens, late feedback one drop; nothing is lost, and a
+sample repeated by at-least-once delivery carries the same id (the trainer keeps one)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+
+import pytest
+from builders import served
+
+from rollwire.bus import Beginning, EventProducer, catalog_topics
+from rollwire.schemas import Codec, FeedbackReceived, RolloutsDropped, ScoredRollout, Topics
+
+
+def start_joiner(bus_settings, prefix: str, config, *extra: str) -> subprocess.Popen:
+    if bus_settings.type == "kafka":
+        bus = ["--bus", "kafka", "--bootstrap", bus_settings.bootstrap_servers]
+    else:
+        bus = ["--log-dir", str(bus_settings.path)]
+    return subprocess.Popen([sys.executable, "-m", "rollwire", "join", "--prefix", prefix, "--config", str(config),
+                             *bus, *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def outputs(log, topics: Topics) -> list:
+    out = []
+    for topic in (topics.scored, topics.drops):
+        with log.reader([topic], Beginning()) as reader:
+            while batch := reader.poll_batch(1000, 1.0):
+                out += [Codec().decode(r.value).event for r in batch]
+    return out
+
+
+def rating(i: int, receipt: str, *, at: int | None = None) -> FeedbackReceived:
+    return FeedbackReceived(feedback_id=f"fb-{i}", kind="rating", rating=(i % 3 - 1) / 1.0, response_id=receipt,
+                            source="chat-app", **({"received_at_ms": at} if at is not None else {}))
+
+
+@pytest.mark.slow
+def test_a_killed_joiner_restarts_and_turns_every_rating_into_one_sample(bus_settings, log, tmp_path):
+    topics = Topics(f"t{uuid.uuid4().hex[:10]}")
+    log.create_topics(catalog_topics(topics))
+    config = tmp_path / "joiner.toml"
+    config.write_text("[joiner]\nwindow_s = 30\nbaseline = \"none\"\n")
+    producer = EventProducer(log.producer(), topics, name="test")
+    receipts = [f"resp-{i}" for i in range(6)]
+    # Phase 1: served records for the first three receipts; ratings for all six (the last three wait).
+    for receipt in receipts[:3]:
+        record = served(response_id=receipt, conversation_id=None, served_at_ms=int(time.time() * 1000))
+        producer.send(topics.served, record, key=record.key)
+    for i, receipt in enumerate(receipts):
+        producer.send(topics.feedback, rating(i, receipt), key=receipt)
+    producer.send(topics.feedback, rating(99, "resp-never", at=int(time.time() * 1000) - 60_000), key="resp-never")
+    producer.flush()
+
+    joiner = start_joiner(bus_settings, topics.prefix, config)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and len([e for e in outputs(log, topics) if isinstance(e, ScoredRollout)]) < 3:
+            time.sleep(0.5)
+        time.sleep(1.5)  # past a commit, with three ratings still waiting for their responses
+    finally:
+        os.kill(joiner.pid, signal.SIGKILL)
+        joiner.wait()
+
+    # Phase 2, while it is down: the missing responses, and a resend of a joined rating.
+    for receipt in receipts[3:]:
+        record = served(response_id=receipt, conversation_id=None)
+        producer.send(topics.served, record, key=record.key)
+    producer.send(topics.feedback, rating(0, "resp-0"), key="resp-0")
+    producer.close()
+
+    # Idle for longer than the killed member's session (10 s), whose partitions move only then.
+    again = start_joiner(bus_settings, topics.prefix, config, "--exit-when-idle", "15")
+    out, err = again.communicate(timeout=120)
+    assert again.returncode == 0, err[-3000:]
+
+    events = outputs(log, topics)
+    samples = [e for e in events if isinstance(e, ScoredRollout)]
+    drops = [e for e in events if isinstance(e, RolloutsDropped)]
+    assert {s.rollout.rollout_id for s in samples} == {f"fb-{i}" for i in range(6)}, (out, err[-2000:])  # nothing lost
+    repeated = sum(n - 1 for n in Counter(s.rollout.rollout_id for s in samples).values())
+    assert repeated <= 3, "at-least-once may repeat a batch, never multiply the stream"
+    assert [(d.rollout_ids, d.reason) for d in drops] == [(["fb-99"], "unjoinable")]
+    by_id = {s.rollout.rollout_id: s for s in samples}
+    assert by_id["fb-4"].rollout.completion_token_ids == served().call.completion_token_ids
+    assert by_id["fb-4"].reward == (4 % 3 - 1) and by_id["fb-4"].advantage == by_id["fb-4"].reward  # baseline none
