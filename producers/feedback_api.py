@@ -227,7 +227,10 @@ def import_id(line: bytes) -> str:
 
 def parse_batch(body: bytes, content_type: str) -> list[Any]:
     """The items of a batch body: a JSON array, or one JSON object a line (NDJSON)."""
-    text = body.decode("utf-8")
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise Refused(400, f"the body is not UTF-8 text: {exc}") from None
     if "ndjson" in content_type or "jsonl" in content_type or not text.lstrip().startswith("["):
         items = []
         for number, line in enumerate(text.splitlines(), 1):
