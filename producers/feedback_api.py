@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rollwire import telemetry
 from rollwire.bus import EventLog, EventProducer, records_to_end
-from rollwire.http_auth import Refused, check_exposure, load_tokens, source_of
+from rollwire.http_service import Refused, check_exposure, load_tokens, read_body, read_json, refusals, run_app, source_of
 from rollwire.schemas.feedback import FeedbackReceived
 from rollwire.schemas.topics import Topics
 
@@ -283,28 +283,9 @@ def build_app(ingest: Ingest, tokens: Mapping[str, str]):
     def error(status: int, reason: str, headers: Mapping[str, str] | None = None, **extra: Any) -> web.Response:
         return web.json_response({"error": reason, **extra}, status=status, headers=dict(headers or {}))
 
-    async def body_of(request: web.Request) -> bytes:
-        if request.content_length is not None and request.content_length > settings.max_body_bytes:
-            raise Refused(413, f"the body has {request.content_length} bytes; the limit is {settings.max_body_bytes}")
-        try:
-            return await request.read()  # aiohttp stops reading at client_max_size
-        except web.HTTPRequestEntityTooLarge:
-            raise Refused(413, f"the body is over the limit of {settings.max_body_bytes} bytes") from None
-
-    @web.middleware
-    async def refusals(request: web.Request, handler):
-        try:
-            return await handler(request)
-        except Refused as exc:
-            return error(exc.status, exc.reason, exc.headers)
-
     async def one(request: web.Request) -> web.Response:
         source = source_of(request.headers.get("Authorization"), tokens)
-        body = await body_of(request)
-        try:
-            item = json.loads(body)
-        except ValueError as exc:
-            raise Refused(400, f"the body is not JSON: {exc}") from None
+        item = await read_json(request, settings.max_body_bytes)
         try:
             event = to_event(item, source)
         except ItemError as exc:
@@ -314,7 +295,7 @@ def build_app(ingest: Ingest, tokens: Mapping[str, str]):
 
     async def batch(request: web.Request) -> web.Response:
         source = source_of(request.headers.get("Authorization"), tokens)
-        items = parse_batch(await body_of(request), request.headers.get("Content-Type", ""))
+        items = parse_batch(await read_body(request, settings.max_body_bytes), request.headers.get("Content-Type", ""))
         if len(items) > settings.max_batch_items:
             raise Refused(413, f"{len(items)} items in one batch; the limit is {settings.max_batch_items}")
         results = await submit_all(ingest, items, source)
@@ -325,7 +306,8 @@ def build_app(ingest: Ingest, tokens: Mapping[str, str]):
     async def healthz(request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", **ingest.stats})
 
-    app = web.Application(middlewares=[refusals], client_max_size=settings.max_body_bytes)
+    app = web.Application(middlewares=[refusals(lambda exc: error(exc.status, exc.reason, exc.headers))],
+                          client_max_size=settings.max_body_bytes)
     app.add_routes([web.post("/v1/feedback", one), web.post("/v1/feedback/batch", batch),
                     web.get("/healthz", healthz)])
 
@@ -340,26 +322,11 @@ def build_app(ingest: Ingest, tokens: Mapping[str, str]):
 
 def serve(log: EventLog, topics: Topics, settings: FeedbackApiSettings, *, ready=None) -> None:
     """Runs the server until interrupted. `ready(port)` is called once it listens."""
-    from aiohttp import web
-
     tokens = load_tokens(settings.tokens_file, TOKENS_VARIABLE)
     check_exposure(settings.host, tokens, "training data")
     ingest = Ingest(log, topics, settings)
     seen = ingest.load_seen()
-
-    async def main() -> None:
-        runner = web.AppRunner(build_app(ingest, tokens), access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, settings.host, settings.port)
-        await site.start()
-        port = runner.addresses[0][1]
-        logger.info("feedback API on http://%s:%d (%d feedback ids already on %s; %s)", settings.host, port, seen,
-                    topics.feedback, f"{len(tokens)} tokens" if tokens else "no tokens: items name their source")
-        if ready is not None:
-            ready(port)
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await runner.cleanup()
-
-    asyncio.run(main())
+    run_app(build_app(ingest, tokens), settings.host, settings.port, ready=ready,
+            describe=lambda port: f"feedback API on http://{settings.host}:{port} ({seen} feedback ids already on "
+                                  f"{topics.feedback}; " + (f"{len(tokens)} tokens)" if tokens else
+                                                            "no tokens: items name their source)"))

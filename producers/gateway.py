@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from rollwire import telemetry
 from rollwire.bus import EventLog, EventProducer
 from rollwire.consumers.vllm_control import VllmControl, VllmError
-from rollwire.http_auth import Refused, check_exposure, load_tokens, source_of
+from rollwire.http_service import Refused, check_exposure, load_tokens, read_json, refusals, run_app, source_of
 from rollwire.producers.interception import END_OF_TURN, Interceptor, recorded_call, shown_ids
 from rollwire.schemas.base import new_id
 from rollwire.schemas.rollout import InferenceCall, SamplingParams
@@ -277,23 +277,12 @@ def build_app(gateway: Gateway, tokens: Mapping[str, str]):
 
     settings = gateway.settings
 
-    @web.middleware
-    async def refusals(request: web.Request, handler):
-        try:
-            return await handler(request)
-        except Refused as exc:
-            return web.json_response({"error": {"message": exc.reason, "type": "invalid_request_error",
-                                                "code": exc.status}}, status=exc.status, headers=exc.headers)
+    def openai_error(exc: Refused) -> web.Response:
+        return web.json_response({"error": {"message": exc.reason, "type": "invalid_request_error", "code": exc.status}},
+                                 status=exc.status, headers=exc.headers)
 
     async def body_of(request: web.Request) -> dict[str, Any]:
-        try:
-            raw = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raise Refused(413, f"the body is over the limit of {settings.max_body_bytes} bytes") from None
-        try:
-            body = json.loads(raw)
-        except ValueError as exc:
-            raise Refused(400, f"the body is not JSON: {exc}") from None
+        body = await read_json(request, settings.max_body_bytes)
         if not isinstance(body, dict):
             raise Refused(400, "the body must be a JSON object")
         if body.get("model", settings.model) != settings.model:
@@ -336,7 +325,7 @@ def build_app(gateway: Gateway, tokens: Mapping[str, str]):
         return web.json_response({"status": "ok" if healthy else "upstream down", "recorded": gateway.recorder.recorded,
                                   "lost": gateway.recorder.lost}, status=200 if healthy else 503)
 
-    app = web.Application(middlewares=[refusals], client_max_size=settings.max_body_bytes)
+    app = web.Application(middlewares=[refusals(openai_error)], client_max_size=settings.max_body_bytes)
     app.add_routes([web.post("/v1/chat/completions", handler(chat=True)), web.post("/v1/completions", handler(chat=False)),
                     web.get("/v1/models", models), web.get("/healthz", healthz)])
     return app
@@ -344,29 +333,14 @@ def build_app(gateway: Gateway, tokens: Mapping[str, str]):
 
 def serve(log: EventLog, topics: Topics, settings: GatewaySettings, *, ready=None) -> None:
     """Runs the gateway until interrupted; `ready(port)` is called once it listens."""
-    from aiohttp import web
-
     tokens = load_tokens(settings.tokens_file, TOKENS_VARIABLE)
     check_exposure(settings.host, tokens, "the model")
     gateway = Gateway(log, topics, settings)
-
-    async def main() -> None:
-        runner = web.AppRunner(build_app(gateway, tokens), access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, settings.host, settings.port)
-        await site.start()
-        port = runner.addresses[0][1]
-        logger.info("serving %s from %s on http://%s:%d, recording %.0f%% of responses on %s", settings.model,
-                    settings.upstream, settings.host, port, 100 * settings.record_fraction, topics.served)
-        if ready is not None:
-            ready(port)
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await runner.cleanup()
-
     try:
-        asyncio.run(main())
+        run_app(build_app(gateway, tokens), settings.host, settings.port, ready=ready,
+                describe=lambda port: f"serving {settings.model} from {settings.upstream} on http://{settings.host}:"
+                                      f"{port}, recording {100 * settings.record_fraction:.0f}% of responses on "
+                                      f"{topics.served}")
     finally:
         with contextlib.suppress(Exception):
             gateway.close()

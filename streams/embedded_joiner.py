@@ -38,6 +38,7 @@ from rollwire.schemas.serving import ResponseServed
 from rollwire.schemas.topics import Topics
 from rollwire.streams.feedback_join import FeedbackJoiner, JoinStep
 from rollwire.streams.group_changelog import PendingWrites
+from rollwire.streams.in_process import InProcessDriver
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ BASELINE_KEY = "\x00"
 """Before a source's name in its baseline's changelog key (receipts never start with NUL)."""
 
 
-class EmbeddedJoiner:
+class EmbeddedJoiner(InProcessDriver):
     def __init__(self, log: EventLog, topics: Topics, joiner: FeedbackJoiner, *, group_id: str = "feedback-joiner",
                  tick_s: float = 1.0) -> None:
         self.log, self.topics, self.joiner, self.tick_s = log, topics, joiner, tick_s
@@ -112,15 +113,8 @@ class EmbeddedJoiner:
                 receipt = heapq.heappop(self._due)[1]
                 if receipt in self.states:
                     self._apply(receipt, self.joiner.on_tick(self.states[receipt], now=now))
-        # Step 4
-        for key, record in self.pending.drain():
-            if record is None:
-                self.producer.send_tombstone(self.state_topic, key=key)
-            else:
-                self.producer.send(self.state_topic, record, key=key)
-        self.producer.flush()
-        # Step 5
-        self.consumer.commit()
+        # Steps 4 and 5
+        self.store_and_commit(self.pending.drain())
         return len(deliveries)
 
     def _apply(self, receipt: str, step: JoinStep) -> None:
@@ -150,15 +144,3 @@ class EmbeddedJoiner:
         else:
             self.producer.send(self.topics.drops, event, key=getattr(event, "group_id", None) or "feedback")
             self.stats["dropped"] += 1
-
-    def run(self, stop_after_idle_s: float | None = None) -> None:
-        idle_since = time.monotonic()
-        while True:
-            if self.step():
-                idle_since = time.monotonic()
-            elif stop_after_idle_s is not None and time.monotonic() - idle_since > stop_after_idle_s:
-                return
-
-    def close(self) -> None:
-        self.consumer.close()
-        self.producer.close()

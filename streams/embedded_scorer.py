@@ -36,12 +36,13 @@ from rollwire.schemas.errors import SchemaError
 from rollwire.schemas.scorer import ScorerGroupState
 from rollwire.schemas.topics import Topics
 from rollwire.streams import group_changelog
+from rollwire.streams.in_process import InProcessDriver
 from rollwire.streams.scoring import Deadlines, GroupScorer, Step, route, scoring_span
 
 logger = logging.getLogger(__name__)
 
 
-class EmbeddedScorer:
+class EmbeddedScorer(InProcessDriver):
     """One scorer process: owns the groups of the rollout partitions its consumer is assigned."""
 
     def __init__(self, log: EventLog, topics: Topics, scorer: GroupScorer, *, group_id: str = "scorer",
@@ -107,16 +108,9 @@ class EmbeddedScorer:
             for group_id in self.deadlines.due(now):
                 if group_id in self.states:
                     self._apply(group_id, self.scorer.on_tick(self.states[group_id], now=now))
-        # Step 4
-        for key, record in self.pending.drain():
-            partition = partition_for(key.split(group_changelog.SEPARATOR, 1)[0].encode(), self.partitions)
-            if record is None:  # a group's records stay together, on its rollouts' partition
-                self.producer.send_tombstone(self.state_topic, key=key, partition=partition)
-            else:
-                self.producer.send(self.state_topic, record, key=key, partition=partition)
-        self.producer.flush()
-        # Step 5
-        self.consumer.commit()
+        # Steps 4 and 5: a group's records stay together, on its rollouts' partition
+        self.store_and_commit(self.pending.drain(), partition_of=lambda key: partition_for(
+            key.split(group_changelog.SEPARATOR, 1)[0].encode(), self.partitions))
         return len(deliveries)
 
     def _apply(self, group_id: str, result: Step) -> None:
@@ -132,16 +126,3 @@ class EmbeddedScorer:
         elif result.changed:
             self.states[group_id] = result.state
             self.deadlines.push(group_id, result.state)
-
-    def run(self, stop_after_idle_s: float | None = None) -> None:
-        """Steps until interrupted, or until no rollout arrived for `stop_after_idle_s`."""
-        idle_since = time.monotonic()
-        while True:
-            if self.step():
-                idle_since = time.monotonic()
-            elif stop_after_idle_s is not None and time.monotonic() - idle_since > stop_after_idle_s:
-                return
-
-    def close(self) -> None:
-        self.consumer.close()
-        self.producer.close()

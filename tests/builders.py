@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from contextlib import contextmanager
 
 from rollwire.schemas import (
     DeadLetter,
@@ -213,3 +214,26 @@ def record_scored_run(log, topics: Topics, groups: int = 10) -> int:
     finally:
         live.close()
     return 4 * groups - 1
+
+
+@contextmanager
+def listening(command: list[str], env: dict[str, str] | None = None):
+    """A server process started with `command` (e.g. `rollwire serve ... --port 0`); yields its base
+    URL, read from the first line it prints; terminates it after. Its stderr goes to a file, not a
+    pipe nobody reads (a full pipe would block the server)."""
+    import re
+    import subprocess
+    import tempfile
+    with tempfile.TemporaryFile(mode="w+") as errors:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, text=True, env=env)
+        try:
+            line = process.stdout.readline()
+            match = re.search(r"http://[\d.]+:(\d+)", line)
+            if not match:
+                process.wait(timeout=30)
+                errors.seek(0)
+                raise AssertionError(f"the server did not start: {line!r} {errors.read()[-3000:]}")
+            yield f"http://127.0.0.1:{match.group(1)}"
+        finally:
+            process.terminate()
+            process.wait(timeout=30)

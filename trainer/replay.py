@@ -24,6 +24,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from rollwire.bus import DeadLetters, EventLog, EventProducer, TopicError, catalog_topics, read_to_end
 from rollwire.errors import ConfigError
@@ -41,6 +42,8 @@ from rollwire.trainer.step import train_step
 from rollwire.weight_versions import fetch
 
 logger = logging.getLogger(__name__)
+
+E = TypeVar("E", TrainStepCompleted, WeightsPublished)
 
 
 @dataclass
@@ -87,21 +90,21 @@ class TrainReplay:
 
 def recorded_steps(log: EventLog, live: Topics, policy: str) -> dict[int, TrainStepCompleted]:
     """The run's trainer steps by number (a step re-sent after a restart counts once)."""
-    steps: dict[int, TrainStepCompleted] = {}
-    for delivery in read_to_end(log, [live.train], _ignored()):
-        event = delivery.event
-        if isinstance(event, TrainStepCompleted) and event.policy == policy:
-            steps.setdefault(event.step, event)
-    return steps
+    return _first_by_number(log, live.train, TrainStepCompleted, policy, lambda e: e.step)
 
 
 def recorded_weights(log: EventLog, live: Topics, policy: str) -> dict[int, WeightsPublished]:
     """The run's published weight versions by number."""
-    out: dict[int, WeightsPublished] = {}
-    for delivery in read_to_end(log, [live.weights], _ignored()):
+    return _first_by_number(log, live.weights, WeightsPublished, policy, lambda e: e.version)
+
+
+def _first_by_number(log: EventLog, topic: str, kind: type[E], policy: str, number: Callable[[E], int]) -> dict[int, E]:
+    """The first event of `kind` and `policy` on `topic` for each `number`."""
+    out: dict[int, E] = {}
+    for delivery in read_to_end(log, [topic], _ignored()):
         event = delivery.event
-        if isinstance(event, WeightsPublished) and event.policy == policy:
-            out.setdefault(event.version, event)
+        if isinstance(event, kind) and getattr(event, "policy", None) == policy:
+            out.setdefault(number(event), event)
     return out
 
 

@@ -287,7 +287,7 @@ class KafkaLog(EventLog):
     def end_offsets(self, topic: str) -> dict[int, int]:
         consumer = self._metadata_consumer()
         n = _topic_exists(consumer, topic)
-        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(n)}
+        return {p: _high_watermark(consumer, TopicPartition(topic, p)) for p in range(n)}
 
     def committed(self, group_id: str, topic: str) -> dict[int, int]:
         n = _topic_exists(self._admin, topic)
@@ -303,3 +303,21 @@ class KafkaLog(EventLog):
         if self._meta is not None:
             self._meta.close()
             self._meta = None
+
+
+_SETTLING = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART)
+"""Answers a broker gives for a partition it is still taking over (a topic just created, a leader
+just moved): worth asking again shortly."""
+
+
+def _high_watermark(consumer: Any, partition: TopicPartition, settle_s: float = 15.0) -> int:
+    """The partition's end offset, asked again while its leader settles (a topic created a moment
+    ago answered NOT_LEADER_FOR_PARTITION though the metadata already named a leader)."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        try:
+            return consumer.get_watermark_offsets(partition, timeout=10)[1]
+        except KafkaException as exc:
+            if exc.args[0].code() not in _SETTLING or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)

@@ -52,9 +52,7 @@ def add_serve(sub) -> None:
 def cmd_gateway(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from rollwire.bus import catalog_topics, open_log
     from rollwire.producers.gateway import GatewaySettings, serve
-    from rollwire.schemas.topics import Topics
     try:
         settings = GatewaySettings(upstream=args.upstream, model=args.model, host=args.host, port=args.port,
                                    tokens_file=args.tokens, record_fraction=args.record_fraction,
@@ -62,12 +60,19 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     except ValidationError as exc:
         raise SystemExit("rollwire serve: " + "; ".join(f"--{'-'.join(map(str, e['loc'])).replace('_', '-')}: {e['msg']}"
                                                         for e in exc.errors())) from None
+    return _serve_on_log(args, serve, settings, f"serving {args.model} on http://{args.host}:{{port}}/v1")
+
+
+def _serve_on_log(args: argparse.Namespace, serve, settings, banner: str) -> int:
+    """Runs an HTTP service's `serve(log, topics, settings, ready=...)` on the bus options' log
+    until interrupted; prints `banner` (with `{port}` filled in) once it listens."""
+    from rollwire.bus import catalog_topics, open_log
+    from rollwire.schemas.topics import Topics
     topics = Topics(args.prefix)
     with open_log(bus_settings(args)) as log:
         log.create_topics(catalog_topics(topics))
         try:
-            serve(log, topics, settings, ready=lambda port: print(f"serving {args.model} on http://{args.host}:{port}/v1",
-                                                                   flush=True))
+            serve(log, topics, settings, ready=lambda port: print(banner.format(port=port), flush=True))
         except KeyboardInterrupt:
             pass
     return 0
@@ -149,19 +154,9 @@ def add_feedback(sub) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from rollwire.bus import catalog_topics, open_log
     from rollwire.producers.feedback_api import FeedbackApiSettings, serve
-    from rollwire.schemas.topics import Topics
     settings = FeedbackApiSettings(host=args.host, port=args.port, tokens_file=args.tokens)
-    topics = Topics(args.prefix)
-    with open_log(bus_settings(args)) as log:
-        log.create_topics(catalog_topics(topics))
-        try:
-            serve(log, topics, settings, ready=lambda port: print(f"feedback API on http://{args.host}:{port}",
-                                                                   flush=True))
-        except KeyboardInterrupt:
-            pass
-    return 0
+    return _serve_on_log(args, serve, settings, f"feedback API on http://{args.host}:{{port}}")
 
 
 def cmd_import(args: argparse.Namespace) -> int:

@@ -5,13 +5,11 @@ recorded on `served` is what the model sampled, with logprobs the trainer's mode
 from __future__ import annotations
 
 import os
-import re
-import subprocess
 import sys
-from contextlib import contextmanager
 
 import httpx
 import pytest
+from builders import listening
 from reference import transformers_logprobs
 
 from rollwire.bus import EmbeddedBusSettings, HeldDeadLetters, open_log, read_to_end
@@ -22,20 +20,10 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 TOKEN = "t" * 24
 
 
-@contextmanager
 def gateway(server, tmp_path, *extra: str):
-    env = {**os.environ, "ROLLWIRE_SERVE_TOKENS": f"chat-app={TOKEN}"}
-    process = subprocess.Popen([sys.executable, "-m", "rollwire", "serve", "--upstream", server.base_url, "--port", "0",
-                                "--log-dir", str(tmp_path / "log"), "--prefix", "gw", *extra],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        line = process.stdout.readline()
-        match = re.search(r"http://[\d.]+:(\d+)", line)
-        assert match, f"the gateway did not start: {line!r}"
-        yield f"http://127.0.0.1:{match.group(1)}"
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
+    return listening([sys.executable, "-m", "rollwire", "serve", "--upstream", server.base_url, "--port", "0",
+                      "--log-dir", str(tmp_path / "log"), "--prefix", "gw", *extra],
+                     env={**os.environ, "ROLLWIRE_SERVE_TOKENS": f"chat-app={TOKEN}"})
 
 
 def served(tmp_path) -> dict[str, ResponseServed]:

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
-from contextlib import contextmanager
 
 import httpx
+from builders import listening
 
 from rollwire.bus import HeldDeadLetters, read_to_end
 from rollwire.schemas import FeedbackReceived, Topics
@@ -27,22 +26,12 @@ def bus_args(bus_settings) -> list[str]:
     return ["--log-dir", str(bus_settings.path)]
 
 
-@contextmanager
 def feedback_server(bus_settings, prefix: str, *extra: str, tokens: str | None = TOKENS):
     env = {k: v for k, v in os.environ.items() if k != "ROLLWIRE_FEEDBACK_TOKENS"}
     if tokens:
         env["ROLLWIRE_FEEDBACK_TOKENS"] = tokens
-    process = subprocess.Popen([sys.executable, "-m", "rollwire", "feedback", "serve", "--port", "0", "--prefix", prefix,
-                                *bus_args(bus_settings), *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, env=env)
-    try:
-        line = process.stdout.readline()
-        match = re.search(r"http://[\d.]+:(\d+)", line)
-        assert match, f"the server did not start: {line!r} {process.stderr.read() if process.poll() is not None else ''}"
-        yield f"http://127.0.0.1:{match.group(1)}"
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
+    return listening([sys.executable, "-m", "rollwire", "feedback", "serve", "--port", "0", "--prefix", prefix,
+                      *bus_args(bus_settings), *extra], env=env)
 
 
 def stored(log, topics: Topics) -> list[FeedbackReceived]:

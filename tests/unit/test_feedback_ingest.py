@@ -11,7 +11,7 @@ import pytest
 
 from rollwire.bus.errors import DeliveryError
 from rollwire.errors import ConfigError
-from rollwire.http_auth import Refused, load_tokens
+from rollwire.http_service import Refused, load_tokens
 from rollwire.producers.feedback_api import FeedbackApiSettings, Ingest, to_event
 from rollwire.schemas import Topics
 

@@ -16,24 +16,41 @@ from rollwire.streams.scoring import GroupScorer, ScorerSettings
 codec = Codec()
 
 
-def run_through(scorer: GroupScorer, arrivals, *, now_of=lambda i: 1_000 + i):
-    """Feeds rollouts (and `"tick"` markers) to the scorer as a driver would; yields after each
-    input the live states and the changelog as it stands (latest record per key)."""
+def run_through(scorer: GroupScorer, arrivals, *, now_of=lambda i: 1_000 + i, commits=lambda i: True):
+    """Feeds rollouts (and `"tick"` markers) to the scorer as a driver would, its changelog writes
+    coalesced until each commit (`commits(i)`: after input i; always after the last); yields at
+    each commit the live states, the changelog as it stands (latest record per key), and the
+    bytes and records written so far."""
     states: dict[str, ScorerGroupState] = {}
     latest: dict[str, bytes | None] = {}
-    written = 0
+    pending = group_changelog.PendingWrites()
+    written = records = 0
     for i, item in enumerate(arrivals):
         steps = ([(gid, scorer.on_tick(s, now=now_of(i))) for gid, s in list(states.items())] if item == "tick"
                  else [(item.group_id, scorer.on_rollout(states.get(item.group_id), item, now=now_of(i)))])
         for gid, step in steps:
-            for key, record in group_changelog.writes(gid, states.get(gid), step):
-                latest[key] = None if record is None else codec.encode(record, producer="test")
-                written += len(key) + len(latest[key] or b"")
+            pending.add(group_changelog.writes(gid, states.get(gid), step))
             if step.changed and step.state is None:
                 states.pop(gid)
             elif step.changed:
                 states[gid] = step.state
-        yield states, latest, written
+        if commits(i) or i == len(arrivals) - 1:
+            for key, record in pending.drain():
+                latest[key] = None if record is None else codec.encode(record, producer="test")
+                written += len(key) + len(latest[key] or b"")
+                records += 1
+            yield states, latest, written, records
+
+
+def shuffled_groups(groups: int, seed: int, *, redelivered_after: int) -> list:
+    """Groups of 2 to 4 rollouts (group 2 with an errored one) in a shuffled order, one rollout
+    delivered again, and ticks that time groups out and forget them."""
+    arrivals: list = []
+    for g in range(groups):
+        arrivals += group_of(f"g{g}", [1, 0, 1, 0], errored=(1,) if g == 2 else ())[: 2 + g % 3]
+    random.Random(seed).shuffle(arrivals)
+    cut = redelivered_after
+    return arrivals[:cut] + [arrivals[0], "tick"] + arrivals[cut:] + ["tick", "tick"]
 
 
 def restored(latest: dict[str, bytes | None]) -> dict[str, ScorerGroupState]:
@@ -44,21 +61,16 @@ def test_a_group_of_k_rollouts_writes_about_k_rollouts_of_bytes():
     k = 32
     group = group_of("g", [float(i % 2) for i in range(k)], lengths=[50] * k)
     one_rollout = len(codec.encode(group[0], producer="test"))
-    *_, (_, _, written) = run_through(GroupScorer(ScorerSettings()), group)
+    *_, (_, _, written, _) = run_through(GroupScorer(ScorerSettings()), group)
     # k rollout records, a header when the group opens and when it closes, k small tombstones.
     assert written < 1.25 * k * one_rollout, f"{written} B written for {k} rollouts of {one_rollout} B"
 
 
 def test_restoring_after_any_prefix_gives_the_groups_the_scorer_held():
-    rng = random.Random(7)
     scorer = GroupScorer(ScorerSettings(group_timeout_s=0.005, retain_closed_s=0.02, min_group_size=2))
-    arrivals: list = []
-    for g in range(6):
-        arrivals += group_of(f"g{g}", [1, 0, 1, 0], errored=(1,) if g == 2 else ())[: 2 + g % 3]
-    rng.shuffle(arrivals)
-    arrivals = arrivals[:5] + [arrivals[0]] + ["tick"] + arrivals[5:] + ["tick", "tick"]  # a redelivery, timeouts
+    arrivals = shuffled_groups(6, seed=7, redelivered_after=5)
     seen_closed = seen_forgotten = False
-    for states, latest, _ in run_through(scorer, arrivals, now_of=lambda i: 1_000 + 4 * i):
+    for states, latest, _, _ in run_through(scorer, arrivals, now_of=lambda i: 1_000 + 4 * i):
         assert restored(latest) == states
         seen_closed |= any(s.closed_at_ms is not None for s in states.values())
         seen_forgotten |= len(states) < len({r.group_id for r in arrivals[:5] if r != "tick"})
@@ -66,34 +78,15 @@ def test_restoring_after_any_prefix_gives_the_groups_the_scorer_held():
 
 
 def test_writes_coalesced_per_batch_restore_the_same_groups_with_fewer_records():
-    rng = random.Random(11)
     scorer = GroupScorer(ScorerSettings(group_timeout_s=0.005, retain_closed_s=0.02, min_group_size=2))
-    arrivals: list = []
-    for g in range(12):
-        arrivals += group_of(f"g{g}", [1, 0, 1, 0], errored=(1,) if g == 2 else ())[: 2 + g % 3]
-    rng.shuffle(arrivals)
-    arrivals = arrivals[:9] + [arrivals[0], "tick"] + arrivals[9:] + ["tick", "tick"]
-    states: dict[str, ScorerGroupState] = {}
-    latest: dict[str, bytes | None] = {}
-    pending = group_changelog.PendingWrites()
-    sent = unbatched = 0
-    for i, item in enumerate(arrivals):
-        steps = ([(gid, scorer.on_tick(s, now=1_000 + 4 * i)) for gid, s in list(states.items())] if item == "tick"
-                 else [(item.group_id, scorer.on_rollout(states.get(item.group_id), item, now=1_000 + 4 * i))])
-        for gid, step in steps:
-            writes = group_changelog.writes(gid, states.get(gid), step)
-            unbatched += len(writes)
-            pending.add(writes)
-            if step.changed and step.state is None:
-                states.pop(gid)
-            elif step.changed:
-                states[gid] = step.state
-        if rng.random() < 0.3 or i == len(arrivals) - 1:  # a commit: the batch's writes reach the log
-            for key, record in pending.drain():
-                latest[key] = None if record is None else codec.encode(record, producer="test")
-                sent += 1
-            assert restored(latest) == states
-    assert sent < unbatched
+    arrivals = shuffled_groups(12, seed=11, redelivered_after=9)
+    rng = random.Random(11)
+    batched = 0
+    for states, latest, _, batched in run_through(scorer, arrivals, now_of=lambda i: 1_000 + 4 * i,  # noqa: B007
+                                                  commits=lambda i: rng.random() < 0.3):
+        assert restored(latest) == states  # at every commit
+    *_, (_, _, _, unbatched) = run_through(scorer, arrivals, now_of=lambda i: 1_000 + 4 * i)
+    assert batched < unbatched
 
 
 def test_coalescing_keeps_the_last_write_and_drops_records_born_and_deleted_in_one_batch():
@@ -110,7 +103,7 @@ def test_the_order_rollouts_arrive_in_does_not_change_the_group():
     group = group_of("g", [1, 0, 1, 0])
     held = set()
     for order in itertools.permutations(group[:3]):
-        *_, (states, _, _) = run_through(GroupScorer(ScorerSettings()), order)
+        *_, (states, _, _, _) = run_through(GroupScorer(ScorerSettings()), order)
         held.add(codec.encode(states["g"].model_copy(update={"first_seen_ms": 0}), producer="t")[-400:])
     assert len(held) == 1
 
@@ -141,7 +134,7 @@ def test_a_changelog_record_that_does_not_decode_is_dead_lettered_and_the_rest_r
     log.create_topics(catalog_topics(topics))
     scorer = GroupScorer(ScorerSettings())
     started = int(time.time() * 1000)  # the service's first tick must not time the group out
-    *_, (states, latest, _) = run_through(scorer, group_of("g", [1, 0, 1, 0])[:2], now_of=lambda i: started + i)
+    *_, (states, latest, _, _) = run_through(scorer, group_of("g", [1, 0, 1, 0])[:2], now_of=lambda i: started + i)
     producer = EventProducer(log.producer(), topics, name="test")
     for key, value in latest.items():
         producer.send(topics.name("scorer-state"), codec.decode(value).event, key=key)

@@ -1,21 +1,31 @@
-"""Bearer tokens bound to sources, for the HTTP services rollwire runs (feedback ingestion, the
-serving gateway): where they come from, who a request is, and what may listen beyond this machine.
+"""What rollwire's HTTP services share (feedback ingestion, the serving gateway): bearer tokens bound to
+sources, what may listen beyond this machine, refusals with a status and a reason, bounded JSON
+bodies, and running an aiohttp application until interrupted.
 
     tokens file  `SOURCE TOKEN` a line  ┐
     $<SERVICE>_TOKENS `SOURCE=TOKEN,...` ┴──▶ {token: source} ──▶ source_of(Authorization header)
                                                                   401 without a known token
     check_exposure(host, tokens): no tokens, no address but loopback
+    Refused(status, reason) raised anywhere in a handler ──refusals(render)──▶ that response
+    read_body / read_json: 413 over the limit, 400 for what does not parse
+    run_app(app, host, port, ready): listens, calls ready(port), serves until interrupted
 """
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
+import json
+import logging
 import os
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from rollwire.errors import ConfigError
+
+logger = logging.getLogger(__name__)
 
 
 class Refused(Exception):
@@ -77,3 +87,57 @@ def source_of(authorization: str | None, tokens: Mapping[str, str]) -> str | Non
         if secrets.compare_digest(known.encode(), token.strip().encode()):
             return source
     raise Refused(401, "unknown bearer token", {"WWW-Authenticate": 'Bearer error="invalid_token"'})
+
+
+def refusals(render: Callable[[Refused], Any]):
+    """aiohttp middleware: a `Refused` raised by a handler becomes the response `render` makes of it."""
+    from aiohttp import web
+
+    @web.middleware
+    async def middleware(request, handler):
+        try:
+            return await handler(request)
+        except Refused as exc:
+            return render(exc)
+    return middleware
+
+
+async def read_body(request, max_bytes: int) -> bytes:
+    """The request body; `Refused(413)` over `max_bytes` (the application's `client_max_size`)."""
+    from aiohttp import web
+    if request.content_length is not None and request.content_length > max_bytes:
+        raise Refused(413, f"the body has {request.content_length} bytes; the limit is {max_bytes}")
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise Refused(413, f"the body is over the limit of {max_bytes} bytes") from None
+
+
+async def read_json(request, max_bytes: int) -> Any:
+    """The request body parsed as JSON; `Refused(400)` with the reason when it does not parse."""
+    try:
+        return json.loads(await read_body(request, max_bytes))
+    except ValueError as exc:  # UnicodeDecodeError included
+        raise Refused(400, f"the body is not JSON: {exc}") from None
+
+
+def run_app(app, host: str, port: int, *, ready: Callable[[int], None] | None = None,
+            describe: Callable[[int], str] = lambda port: "") -> None:
+    """Serves `app` on `host:port` until interrupted; logs `describe(port)` and calls `ready(port)`
+    once it listens (port 0: the port chosen)."""
+    from aiohttp import web
+
+    async def main() -> None:
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, host, port).start()
+        chosen = runner.addresses[0][1]
+        logger.info("%s", describe(chosen) or f"listening on http://{host}:{chosen}")
+        if ready is not None:
+            ready(chosen)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(main())
