@@ -8,7 +8,8 @@ The consumer does not commit to a consumer group: the trainer's checkpoint holds
 nor repeats a rollout. Each rollout ends up in exactly one of:
 
     a batch        trained at the next step
-    drops[reason]  `stale` (oldest sampling version more than `max_off_policy` behind) —
+    drops[reason]  `stale` (oldest sampling version more than `max_off_policy` behind; for a
+                   production sample: served more than `ProductionMix.max_age_s` ago) —
                    reported with the next step
     dead letter    token ids outside the vocabulary, no trainable token
     duplicates     the same rollout id again (the scorer delivers at least once): ignored
@@ -25,9 +26,15 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rollwire.bus import AtOffsets, DeadLetters, Delivery, EventConsumer, EventLog, EventProducer
+from rollwire.schemas.base import now_ms
 from rollwire.schemas.rollout import ScoredRollout
 from rollwire.schemas.topics import Topics
 from rollwire.schemas.training import RolloutsDropped, Staleness
+
+STALE_DETAIL = {
+    "environment": "more than {max_off_policy} versions behind the trainer",
+    "production": "served more than {max_age_s:g} s ago",
+}
 
 
 class BatchSettings(BaseModel):
@@ -51,6 +58,27 @@ class BatchSettings(BaseModel):
         return self
 
 
+class ProductionMix(BaseModel):
+    """How samples made from production feedback (`ScoredRollout.production`) join the batches.
+
+    They were served by whatever version production ran, often many versions behind the trainer,
+    so `max_off_policy` does not apply to them: they are bounded by age instead, and the losses'
+    importance ratio against the served logprobs corrects for the version gap.
+    """
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    share: float = Field(default=0.25, ge=0.0, le=1.0)
+    """Most of a batch (in samples) production feedback may fill; environment rollouts fill the
+    rest. 0 trains none (they are held until `max_age_s`, then dropped); 1 may train on them alone."""
+    max_age_s: float = Field(default=7 * 86400.0, gt=0)
+    """Production samples served longer ago than this are dropped as stale."""
+
+    def cap(self, batch_rollouts: int | None) -> int | None:
+        """Most production samples in one batch; None: no cap by count (batches packed by tokens)."""
+        return None if batch_rollouts is None else int(self.share * batch_rollouts)
+
+
 @dataclass
 class Batch:
     """Scored rollouts for one optimizer step."""
@@ -64,7 +92,12 @@ class Batch:
 
     @property
     def num_tokens(self) -> int:
-        return sum(len(s.rollout.prompt_token_ids) + len(s.rollout.completion_token_ids) for s in self.rollouts)
+        return sum(_tokens(s) for s in self.rollouts)
+
+
+def _tokens(scored: ScoredRollout) -> int:
+    """Prompt and completion tokens of a sample (both responses of a preference)."""
+    return sum(len(r.prompt_token_ids) + len(r.completion_token_ids) for r in (scored.rollout, scored.rejected) if r)
 
 
 class BatchConsumer:
@@ -72,8 +105,10 @@ class BatchConsumer:
 
     def __init__(self, log: EventLog, topics: Topics, settings: BatchSettings, *, vocab_size: int,
                  positions: dict[tuple[str, int], int] | None = None, seen: Sequence[str] = (),
-                 producer: EventProducer | None = None, name: str = "trainer") -> None:
+                 producer: EventProducer | None = None, name: str = "trainer",
+                 mix: ProductionMix | None = None) -> None:
         self.settings, self.vocab_size, self.topics = settings, vocab_size, topics
+        self.mix = mix or ProductionMix()
         self.producer = producer or EventProducer(log.producer(), topics, name=name)
         ends = {(topics.scored, p): 0 for p in range(log.partitions(topics.scored))}
         self.positions = {**ends, **(positions or {})}
@@ -81,6 +116,8 @@ class BatchConsumer:
         self.consumer = EventConsumer(reader, DeadLetters(self.producer, name))
         self.seen = collections.OrderedDict((rid, None) for rid in seen)
         self.drops: dict[str, list[str]] = collections.defaultdict(list)
+        self.stale_kinds: set[str] = set()
+        """Which kinds of sample (`environment`, `production`) the stale drops since the last report hold."""
         self.counts: collections.Counter[str] = collections.Counter()
         self._pending: collections.deque = collections.deque()
         self._read: dict[tuple[str, int], int] = {}
@@ -93,29 +130,38 @@ class BatchConsumer:
         while not self._ready() and (remaining := deadline - time.monotonic()) > 0:
             for d in self.consumer.poll_batch(1000, remaining):
                 self._accept(d, policy_version)
-        chosen: list[Delivery] = []
-        tokens = 0
-        while self._pending:
-            delivery = self._pending[0]
-            size = len(delivery.event.rollout.prompt_token_ids) + len(delivery.event.rollout.completion_token_ids)
-            if self.settings.batch_tokens is not None and chosen and tokens + size > self.settings.batch_tokens:
-                break
-            if self.settings.batch_rollouts is not None and len(chosen) == self.settings.batch_rollouts:
-                break
-            chosen.append(self._pending.popleft())
-            tokens += size
-        full = (self.settings.batch_rollouts is not None and len(chosen) == self.settings.batch_rollouts) or \
-               (self.settings.batch_tokens is not None and bool(self._pending))
+        chosen, full = self._choose()
         if not chosen or not full:
-            self._pending.extendleft(reversed(chosen))
             return None
-        lags = [self._lag(d.event.rollout, policy_version) for d in chosen]
+        taken = {id(d) for d in chosen}
+        self._pending = collections.deque(d for d in self._pending if id(d) not in taken)
+        environment = [d for d in chosen if d.event.production is None] or chosen
+        lags = [self._lag(d.event.rollout, policy_version) for d in environment]
         batch = Batch(rollouts=[d.event for d in chosen], headers=[d.record.headers for d in chosen],
                       staleness=Staleness(min=min(lags), mean=sum(lags) / len(lags), max=max(lags)),
                       drops={k: list(v) for k, v in self.drops.items()})
         self.drops.clear()
         self._advance_positions()
         return batch
+
+    def _choose(self) -> tuple[list[Delivery], bool]:
+        """The pending samples the next batch takes, oldest first (production ones up to the mix's
+        cap, the rest held), and whether they fill a batch."""
+        chosen: list[Delivery] = []
+        tokens, production, cap = 0, 0, self.mix.cap(self.settings.batch_rollouts)
+        for delivery in self._pending:
+            if self.settings.batch_rollouts is not None and len(chosen) == self.settings.batch_rollouts:
+                return chosen, True
+            if delivery.event.production is not None:
+                if cap is not None and production == cap:
+                    continue
+                production += 1
+            size = _tokens(delivery.event)
+            if self.settings.batch_tokens is not None and chosen and tokens + size > self.settings.batch_tokens:
+                return chosen, True
+            chosen.append(delivery)
+            tokens += size
+        return chosen, self.settings.batch_rollouts is not None and len(chosen) == self.settings.batch_rollouts
 
     def take_drops(self) -> dict[str, list[str]]:
         """The rollout ids dropped since the last batch, by reason, and positions moved past them
@@ -127,13 +173,7 @@ class BatchConsumer:
 
     def _ready(self) -> bool:
         """Whether the pending rollouts fill a batch."""
-        if self.settings.batch_rollouts is not None and len(self._pending) >= self.settings.batch_rollouts:
-            return True
-        if self.settings.batch_tokens is not None:
-            tokens = sum(len(d.event.rollout.prompt_token_ids) + len(d.event.rollout.completion_token_ids)
-                         for d in self._pending)
-            return tokens > self.settings.batch_tokens
-        return False
+        return self._choose()[1]
 
     def _advance_positions(self) -> None:
         """Positions move past every accounted record, but not past a pending one, so a checkpoint
@@ -157,21 +197,29 @@ class BatchConsumer:
             self.consumer.dead_letter(delivery, reason)
             self.counts["dead_lettered"] += 1
             return
-        if self._lag(rollout, policy_version) > self.settings.max_off_policy:
+        if self._stale(scored, policy_version, now_ms()):
             self.drops["stale"].append(rollout.rollout_id)
+            self.stale_kinds.add("production" if scored.production else "environment")
             self.counts["stale"] += 1
             return
         self._pending.append(delivery)
 
     def _drop_stale_pending(self, policy_version: int) -> None:
         keep: collections.deque[Delivery] = collections.deque()
+        now = now_ms()
         for delivery in self._pending:
-            if self._lag(delivery.event.rollout, policy_version) > self.settings.max_off_policy:
+            if self._stale(delivery.event, policy_version, now):
                 self.drops["stale"].append(delivery.event.rollout.rollout_id)
+                self.stale_kinds.add("production" if delivery.event.production else "environment")
                 self.counts["stale"] += 1
             else:
                 keep.append(delivery)
         self._pending = keep
+
+    def _stale(self, scored: ScoredRollout, policy_version: int, now: int) -> bool:
+        if scored.production is not None:
+            return now - scored.production.served_at_ms > self.mix.max_age_s * 1000
+        return self._lag(scored.rollout, policy_version) > self.settings.max_off_policy
 
     @staticmethod
     def _lag(rollout, policy_version: int) -> int:
@@ -181,21 +229,25 @@ class BatchConsumer:
         return max(0, policy_version - oldest)
 
     def _unusable(self, scored: ScoredRollout) -> str | None:
-        rollout = scored.rollout
-        bad = [t for t in (*rollout.prompt_token_ids, *rollout.completion_token_ids) if not 0 <= t < self.vocab_size]
-        if bad:
-            return f"token ids {bad[:5]} lie outside the model's vocabulary of {self.vocab_size}"
-        if not all(math.isfinite(x) for x in rollout.completion_logprobs):
-            return "the sampler logprobs contain NaN or infinity"
-        if not any(rollout.loss_mask):
-            return "the rollout has no trainable token (loss_mask is all 0)"
-        if rollout.error is not None:
-            return f"an errored rollout was scored: {rollout.error.kind}"
+        for rollout, where in ((scored.rollout, ""), (scored.rejected, "the rejected response: ")):
+            if rollout is None:
+                continue
+            bad = [t for t in (*rollout.prompt_token_ids, *rollout.completion_token_ids) if not 0 <= t < self.vocab_size]
+            if bad:
+                return f"{where}token ids {bad[:5]} lie outside the model's vocabulary of {self.vocab_size}"
+            if not all(math.isfinite(x) for x in rollout.completion_logprobs):
+                return f"{where}the sampler logprobs contain NaN or infinity"
+            if not any(rollout.loss_mask):
+                return f"{where}the rollout has no trainable token (loss_mask is all 0)"
+            if rollout.error is not None:
+                return f"{where}an errored rollout was scored: {rollout.error.kind}"
         return None
 
     def drops_event(self, drops: dict[str, list[str]]) -> list[RolloutsDropped]:
-        return [RolloutsDropped(rollout_ids=ids, reason=reason, stage="trainer",
-                                detail=f"more than {self.settings.max_off_policy} versions behind the trainer")
+        values = {"max_off_policy": self.settings.max_off_policy, "max_age_s": self.mix.max_age_s}
+        detail = " or ".join(STALE_DETAIL[kind].format(**values) for kind in sorted(self.stale_kinds))
+        self.stale_kinds = set()
+        return [RolloutsDropped(rollout_ids=ids, reason=reason, stage="trainer", detail=detail)
                 for reason, ids in drops.items() if ids]
 
     def accounted_ids(self) -> list[str]:

@@ -16,6 +16,7 @@ from rollwire.schemas.joiner import FeedbackJoinState, SourceBaseline
 from rollwire.schemas.registry import EVENT_TYPES, AnyEvent
 from rollwire.schemas.rollout import (
     InferenceCall,
+    ProductionOrigin,
     RolloutCompleted,
     RolloutError,
     RolloutTimings,
@@ -37,7 +38,7 @@ __all__ = [
     "CorruptEventError", "DeadLetter", "Envelope", "Event", "EventTooLargeError",
     "FeedbackJoinState", "FeedbackReceived", "InferenceCall", "InvalidEventError", "ReplicaStatus",
     "ResponseServed", "RolloutCompleted", "RolloutError", "RolloutTimings", "RolloutsDropped",
-    "SamplingParams", "SchemaError", "SchemaVersionTooNewError", "ScoredRollout",
+    "ProductionOrigin", "SamplingParams", "SchemaError", "SchemaVersionTooNewError", "ScoredRollout",
     "ScorerGroupRollout", "ScorerGroupState", "ScorerTick", "SourceBaseline", "Staleness",
     "TaskAssigned", "TopicSpec", "Topics", "TraceNode", "TraceRecorded", "TrainStepCompleted",
     "UnknownEventTypeError", "WeightVersionSpan", "WeightsPublished", "new_id", "now_ms",

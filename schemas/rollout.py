@@ -11,7 +11,7 @@ length `len(completion_token_ids)`; validators enforce it.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -225,16 +225,47 @@ class TraceRecorded(Event):
     """Why the rollout's last inference call stopped (`stop`, `length`, …); None without a call."""
 
 
-class ScoredRollout(Event):
-    """A rollout with its group rewards applied and its advantage computed.
+class ProductionOrigin(Part):
+    """Where a training sample made from production feedback came from."""
 
-    Produced by the group scorer on `scored` (key: group id); consumed by the trainer.
-    Exactly one of `advantage` (per sequence) and `token_advantages` (per token) is set.
+    source: str
+    """The application that collected the feedback."""
+    feedback_id: str
+    """The feedback that made the sample."""
+    response_ids: list[str] = Field(default_factory=list)
+    """The receipts of the responses it judges (two for a preference); empty when served elsewhere."""
+    served_at_ms: int
+    """When the (first) judged response was served, or the feedback received when that is unknown
+    (epoch ms): the trainer's `feedback.max_age_s` counts from it."""
+
+
+class ScoredRollout(Event):
+    """A training sample: a rollout with its group rewards applied and its advantage computed, or a
+    supervised or preference sample made from production feedback.
+
+    Produced by the group scorer and the feedback joiner on `scored` (key: group id); consumed by
+    the trainer. By `objective`:
+
+        policy_gradient  exactly one of `advantage` (per sequence) and `token_advantages` (per
+                         token) is set; the trainer's `loss` trains it
+        sft              `rollout` holds a target response (its tokens are not sampled: logprobs 0);
+                         trained by negative log-likelihood; no advantage
+        preference       `rollout` is the chosen response, `rejected` the other, both as sampled
+                         (their logprobs, recorded at sampling, are the reference); no advantage
     """
+
+    SCHEMA_VERSION: ClassVar[int] = 2
+    """2: `objective`, `rejected`, `production` (a v1 reader would train an SFT sample as a rollout)."""
 
     type: Literal["rollout.scored"] = "rollout.scored"
     rollout: RolloutCompleted
-    """The rollout as the env worker published it."""
+    """The rollout as the env worker published it (for a preference: the chosen response)."""
+    objective: Literal["policy_gradient", "sft", "preference"] = "policy_gradient"
+    """How the trainer learns from the sample (see the class docstring)."""
+    rejected: RolloutCompleted | None = None
+    """For `preference`: the response not chosen; None otherwise."""
+    production: ProductionOrigin | None = None
+    """For samples made from production feedback: where they came from; None for environment rollouts."""
     algorithm: str
     """Advantage algorithm that produced the advantage."""
     group_rewards: dict[str, float] = Field(default_factory=dict)
@@ -250,6 +281,15 @@ class ScoredRollout(Event):
 
     @model_validator(mode="after")
     def _one_advantage(self) -> ScoredRollout:
+        if (self.rejected is None) == (self.objective == "preference"):
+            raise ValueError("a preference sample needs `rejected` (the response not chosen); no other sample has one")
+        if self.objective != "policy_gradient":
+            if self.advantage is not None or self.token_advantages is not None:
+                raise ValueError(f"an {self.objective} sample has no advantage: leave advantage and token_advantages "
+                                 "unset")
+            if not math.isfinite(self.reward):
+                raise ValueError("reward must be a finite number")
+            return self
         if (self.advantage is None) == (self.token_advantages is None):
             raise ValueError("set exactly one of advantage (per sequence) and token_advantages (per token)")
         values = self.token_advantages if self.token_advantages is not None else [self.advantage]

@@ -43,7 +43,7 @@ class TrainStepCompleted(Event):
     loss: float | None = None
     """Loss of the step; None when the step was skipped."""
     reward_mean: float = 0.0
-    """Mean final reward of the step's rollouts."""
+    """Mean final reward of the step's environment rollouts (of all its samples when it had none)."""
     num_tokens: int = Field(default=0, ge=0)
     """Trained (loss-masked) tokens in the step."""
     tokens_per_s: float = Field(default=0.0, ge=0.0)
@@ -62,6 +62,9 @@ class TrainStepCompleted(Event):
     """What the loss measured over the step's trained tokens: `clip_fraction` (share of tokens whose
     ratio was clipped), `ratio_mean` (mean pi_theta / pi_sampler), `masked_fraction` (dppo_mask's
     tokens left out), ... by loss."""
+    samples: dict[str, int] = Field(default_factory=dict)
+    """The step's samples by objective (`policy_gradient`, `sft`, `preference`), and under `production`
+    how many of them were made from production feedback."""
     skipped_reason: str | None = None
     """Why the optimizer did not step (e.g. a NaN loss); None when it stepped."""
     wait_s: float = Field(default=0.0, ge=0.0)

@@ -11,6 +11,7 @@ from rollwire.schemas import (
     FeedbackJoinState,
     FeedbackReceived,
     InferenceCall,
+    ProductionOrigin,
     ReplicaStatus,
     ResponseServed,
     RolloutCompleted,
@@ -30,6 +31,7 @@ from rollwire.schemas import (
     WeightsPublished,
     WeightVersionSpan,
 )
+from rollwire.schemas.base import now_ms
 
 DIGEST = "ab" * 32
 
@@ -135,7 +137,17 @@ def tick(**kw) -> ScorerTick:
     return ScorerTick(**{"at_ms": 1_790_000_000_700, **kw})
 
 
-ALL: dict[str, Event] = {e.type: e for e in (task(), rollout(), trace(), scored(), weights(), replica(),
+def preference_pair(**kw) -> ScoredRollout:
+    """A preference made from production feedback: `rollout()` chosen over a shorter response."""
+    rejected = rollout(rollout_id="rollout-2", completion_token_ids=[3, 1], completion_logprobs=[-0.5, -1.5],
+                       loss_mask=[1, 1], weight_versions=[WeightVersionSpan(version=3, start=0, end=2)])
+    origin = ProductionOrigin(source="chat-app", feedback_id="feedback-1", response_ids=["resp-1", "resp-2"],
+                              served_at_ms=1_790_000_000_050)
+    return ScoredRollout(**{"rollout": rollout(), "rejected": rejected, "objective": "preference",
+                            "production": origin, "algorithm": "feedback", "reward": 0.0, **kw})
+
+
+ALL: dict[str, Event] = {e.type: e for e in (task(), rollout(), trace(), preference_pair(), weights(), replica(),
                                             train_step(), dropped(), feedback(), served(), dead_letter(),
                                             group_state(), group_rollout(), tick(), join_state(), source_baseline())}
 """One valid example of every event type, by type tag."""
@@ -170,6 +182,24 @@ def trainable(i: int, *, version: int = 0, advantage: float = 1.0, prompt=None, 
         weight_versions=[WeightVersionSpan(version=version, start=0, end=len(completion))],
         rewards={"r": 1.0}, reward=1.0)
     return ScoredRollout(rollout=rollout, algorithm="grpo", reward=1.0, advantage=advantage)
+
+
+def production(i: int, *, objective: str = "policy_gradient", served_at_ms: int | None = None,
+               advantage: float = 1.0) -> ScoredRollout:
+    """Sample `f<i>` made from production feedback: a rating (`policy_gradient`), a correction
+    (`sft`: not sampled, logprobs 0) or a `preference` (chosen `trainable(i)`, rejected `trainable(i + 1000)`)."""
+    base = trainable(i, version=0).rollout.model_copy(update={"rollout_id": f"f{i}"})
+    origin = ProductionOrigin(source="app", feedback_id=f"f{i}", response_ids=[f"resp{i}"],
+                              served_at_ms=now_ms() if served_at_ms is None else served_at_ms)
+    if objective == "sft":
+        n = len(base.completion_token_ids)
+        base = base.model_copy(update={"completion_logprobs": [0.0] * n, "weight_versions": []})
+        return ScoredRollout(rollout=base, algorithm="feedback", reward=0.0, objective="sft", production=origin)
+    if objective == "preference":
+        rejected = trainable(i + 1000, version=0).rollout
+        return ScoredRollout(rollout=base, rejected=rejected, algorithm="feedback", reward=0.0, objective="preference",
+                             production=origin)
+    return ScoredRollout(rollout=base, algorithm="feedback", reward=advantage, advantage=advantage, production=origin)
 
 
 def big_trace(rollout_id: str = "g-0", tokens: int = 4000) -> TraceRecorded:

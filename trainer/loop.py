@@ -22,9 +22,11 @@ counts them back into its budget, and until it does, the next batch may never be
 
 from __future__ import annotations
 
+import collections
 import logging
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from rollwire import telemetry
@@ -33,13 +35,14 @@ from rollwire.consumers.batch_consumer import Batch, BatchConsumer
 from rollwire.errors import ConfigError
 from rollwire.objectstore import ObjectStore
 from rollwire.schemas.registry import EVENT_TYPES
+from rollwire.schemas.rollout import ScoredRollout
 from rollwire.schemas.topics import Topics
 from rollwire.schemas.training import TrainStepCompleted
 from rollwire.schemas.weights import WeightsPublished
-from rollwire.trainer import checkpoint, losses
+from rollwire.trainer import checkpoint
 from rollwire.trainer.model import resolve_device
 from rollwire.trainer.settings import TrainerSettings
-from rollwire.trainer.step import StepResult, train_step
+from rollwire.trainer.step import Objectives, StepResult, train_step
 from rollwire.weight_versions import Published, publish
 
 logger = logging.getLogger(__name__)
@@ -69,6 +72,19 @@ def means_by_name(rows: list[dict[str, float]]) -> dict[str, float]:
     return {name: sum(values) / len(values) for name, values in sums.items()}
 
 
+def batch_fields(batch: Sequence[ScoredRollout]) -> dict:
+    """What a `TrainStepCompleted` says of the samples it trained: ids, counts and reward means
+    (rewards over environment rollouts: production samples carry ratings, not task rewards)."""
+    environment = [s for s in batch if s.production is None] or list(batch)
+    samples = collections.Counter(s.objective for s in batch)
+    samples["production"] = len(batch) - len([s for s in batch if s.production is None])
+    return {"rollout_ids": [s.rollout.rollout_id for s in batch],
+            "reward_mean": sum(s.reward for s in environment) / len(environment) if environment else 0.0,
+            "rewards_mean": means_by_name([{**s.rollout.rewards, **s.group_rewards} for s in environment]),
+            "metrics_mean": means_by_name([s.rollout.metrics for s in environment]),
+            "samples": {k: v for k, v in samples.items() if v}}
+
+
 class Trainer:
     def __init__(self, log: EventLog, topics: Topics, store: ObjectStore, settings: TrainerSettings) -> None:
         if not settings.model.path:
@@ -78,11 +94,11 @@ class Trainer:
         self.device, _ = resolve_device(settings.model)
         previous = checkpoint.latest(settings.checkpoint_dir)
         self.state, self.model, self.optimizer = checkpoint.restore(settings, previous)
-        self.loss = losses.build(settings.loss, **settings.loss_params)
+        self.objectives = Objectives.from_settings(settings)
         self.producer = EventProducer(log.producer(), topics, name="trainer")
         vocab = self.model.get_input_embeddings().num_embeddings
         self.consumer = BatchConsumer(log, topics, settings.batch, vocab_size=vocab, positions=self.state.positions,
-                                      seen=self.state.seen, producer=self.producer)
+                                      seen=self.state.seen, producer=self.producer, mix=settings.feedback)
         self._ready_since = time.monotonic()
         if previous is not None:
             logger.info("resuming at step %d (version %d) from %s", self.state.step, self.state.version, previous)
@@ -111,7 +127,7 @@ class Trainer:
                 attributes={"messaging.batch.message_count": len(batch.rollouts),
                             "rollwire.step": self.state.step + 1}):
             # Step 2
-            result = train_step(self.model, self.optimizer, self.loss, batch.rollouts,
+            result = train_step(self.model, self.optimizer, self.objectives, batch.rollouts,
                                 micro_batch=self.settings.micro_batch_rollouts,
                                 max_grad_norm=self.settings.max_grad_norm, device=self.device)
             # Step 3
@@ -163,14 +179,10 @@ class Trainer:
     def _step_event(self, batch: Batch, result: StepResult, waited: float) -> TrainStepCompleted:
         return TrainStepCompleted(
             policy=self.settings.policy, step=self.state.step, policy_version=self.state.version,
-            rollout_ids=[s.rollout.rollout_id for s in batch.rollouts], loss=result.loss,
-            reward_mean=sum(s.reward for s in batch.rollouts) / len(batch.rollouts), num_tokens=result.num_tokens,
-            tokens_per_s=result.num_tokens / max(result.seconds, 1e-9), grad_norm=result.grad_norm,
-            staleness=batch.staleness, drops={k: len(v) for k, v in batch.drops.items()},
-            rewards_mean=means_by_name([{**s.rollout.rewards, **s.group_rewards} for s in batch.rollouts]),
-            metrics_mean=means_by_name([s.rollout.metrics for s in batch.rollouts]), loss_metrics=result.metrics,
-            skipped_reason=result.skipped_reason,
-            wait_s=waited)
+            loss=result.loss, num_tokens=result.num_tokens, tokens_per_s=result.num_tokens / max(result.seconds, 1e-9),
+            grad_norm=result.grad_norm, staleness=batch.staleness, drops={k: len(v) for k, v in batch.drops.items()},
+            loss_metrics=result.metrics, skipped_reason=result.skipped_reason, wait_s=waited,
+            **batch_fields(batch.rollouts))
 
     @staticmethod
     def _entry(topic: str, key: str, event) -> dict:

@@ -34,11 +34,11 @@ from rollwire.schemas.rollout import ScoredRollout
 from rollwire.schemas.topics import Topics
 from rollwire.schemas.training import TrainStepCompleted
 from rollwire.schemas.weights import WeightsPublished
-from rollwire.trainer import checkpoint, losses
-from rollwire.trainer.loop import means_by_name, publish_weights
+from rollwire.trainer import checkpoint
+from rollwire.trainer.loop import batch_fields, publish_weights
 from rollwire.trainer.model import resolve_device
 from rollwire.trainer.settings import TrainerSettings
-from rollwire.trainer.step import train_step
+from rollwire.trainer.step import Objectives, train_step
 from rollwire.weight_versions import fetch
 
 logger = logging.getLogger(__name__)
@@ -180,7 +180,7 @@ def train_into(log: EventLog, live: Topics, scored: Topics, into: Topics, store:
     log.create_topics(catalog_topics(into))
     state, model, optimizer = checkpoint.restore(settings, start)
     device, _ = resolve_device(settings.model)
-    loss_fn = losses.build(settings.loss, **settings.loss_params)
+    objectives = Objectives.from_settings(settings)
     producer = EventProducer(log.producer(), into, name="replay-trainer")
     replay = TrainReplay(run=live.prefix, into=into.prefix, scored_from=scored.prefix, from_step=from_step,
                          device=device.type)
@@ -189,7 +189,7 @@ def train_into(log: EventLog, live: Topics, scored: Topics, into: Topics, store:
             step = recorded[number]
             batch = [rollouts[rid] for rid in step.rollout_ids if rid in rollouts]
             missing = [rid for rid in step.rollout_ids if rid not in rollouts]
-            result = train_step(model, optimizer, loss_fn, batch, micro_batch=settings.micro_batch_rollouts,
+            result = train_step(model, optimizer, objectives, batch, micro_batch=settings.micro_batch_rollouts,
                                 max_grad_norm=settings.max_grad_norm, device=device)
             done = ReplayedStep(step=number, version=step.policy_version, trained=len(batch), missing=missing,
                                 recorded_loss=step.loss, loss=result.loss)
@@ -213,13 +213,10 @@ def _step_event(recorded: TrainStepCompleted, policy: str, batch: list[ScoredRol
     """The replayed step's event: the recorded one's step, version and staleness, with what this
     step trained and measured."""
     return TrainStepCompleted(
-        policy=policy, step=recorded.step, policy_version=recorded.policy_version,
-        rollout_ids=[s.rollout.rollout_id for s in batch], loss=result.loss,
-        reward_mean=sum(s.reward for s in batch) / len(batch) if batch else 0.0, num_tokens=result.num_tokens,
-        tokens_per_s=result.num_tokens / max(result.seconds, 1e-9), grad_norm=result.grad_norm,
-        staleness=recorded.staleness, rewards_mean=means_by_name([{**s.rollout.rewards, **s.group_rewards} for s in batch]),
-        metrics_mean=means_by_name([s.rollout.metrics for s in batch]), loss_metrics=result.metrics,
-        skipped_reason=result.skipped_reason)
+        policy=policy, step=recorded.step, policy_version=recorded.policy_version, loss=result.loss,
+        num_tokens=result.num_tokens, tokens_per_s=result.num_tokens / max(result.seconds, 1e-9),
+        grad_norm=result.grad_norm, staleness=recorded.staleness, loss_metrics=result.metrics,
+        skipped_reason=result.skipped_reason, **batch_fields(batch))
 
 
 def _safetensors_digests(store: ObjectStore, weights: WeightsPublished) -> dict[str, str]:

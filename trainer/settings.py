@@ -3,8 +3,9 @@ checked (loss names and parameters included) by processes that never load a mode
 
     TrainerSettings   the trainer (`[trainer]` of a recipe, `rollwire train --config`)
     ├── ModelSettings   which weights, device, dtype, LoRA      (`[trainer.model]`)
-    └── BatchSettings   batching and staleness                   (`[trainer.batch]`, also the
-                        dispatcher's budget: it is derived from these, never typed twice)
+    ├── BatchSettings   batching and staleness                   (`[trainer.batch]`, also the
+    │                   dispatcher's budget: it is derived from these, never typed twice)
+    └── FeedbackTrainingSettings  production feedback in batches, and its losses (`[trainer.feedback]`)
     WarmStartSettings  the supervised warm start before RL      (`[warm_start]`)
 """
 
@@ -15,7 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rollwire.consumers.batch_consumer import BatchSettings
+from rollwire.consumers.batch_consumer import BatchSettings, ProductionMix
 from rollwire.trainer import losses
 
 
@@ -48,6 +49,25 @@ class ModelSettings(BaseModel):
     """Train a LoRA adapter; None trains every weight."""
 
 
+class FeedbackTrainingSettings(ProductionMix):
+    """Samples made from production feedback (`rollwire join`): how many a batch takes and how old
+    (`ProductionMix`), and the losses of the kinds only feedback makes."""
+
+    sft_weight: float = Field(default=1.0, ge=0)
+    """Weight of corrections (SFT samples, trained by negative log-likelihood) in the step's loss."""
+    preference_loss: str = "dpo"
+    """Registered pairwise loss for preferences (`rollwire.trainer.losses`): dpo."""
+    preference_params: dict[str, float] = Field(default_factory=dict)
+    """Its parameters, e.g. `{beta = 0.1}`."""
+    preference_weight: float = Field(default=1.0, ge=0)
+    """Weight of preference pairs in the step's loss."""
+
+    @model_validator(mode="after")
+    def _loss_exists(self) -> FeedbackTrainingSettings:
+        losses.check(self.preference_loss, self.preference_params, pairwise=True)
+        return self
+
+
 class TrainerSettings(BaseModel):
     """Everything the trainer needs besides the log and the store."""
 
@@ -57,10 +77,13 @@ class TrainerSettings(BaseModel):
     """The policy model."""
     batch: BatchSettings = Field(default_factory=BatchSettings)
     """Batching and staleness."""
+    feedback: FeedbackTrainingSettings = Field(default_factory=FeedbackTrainingSettings)
+    """Production feedback samples: their share of a batch, their age, their losses."""
     policy: str = "policy"
     """Policy name: the weights topic key and the store prefix."""
     loss: str = "ppo_clip"
-    """Registered loss (`rollwire.trainer.losses`): ppo_clip, dppo_mask, reinforce, nll, reverse_kl."""
+    """Registered loss of policy-gradient samples (`rollwire.trainer.losses`): ppo_clip, dppo_mask, reinforce,
+    nll, reverse_kl."""
     loss_params: dict[str, float] = Field(default_factory=dict)
     """Parameters of the loss, e.g. `{eps_low = 0.2}`; checked against the loss when loaded."""
     lr: float = Field(default=3e-4, gt=0)

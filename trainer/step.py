@@ -1,7 +1,9 @@
 """One optimizer step over a batch of scored rollouts, blind to the algorithm that scored them.
 
-    for each micro-batch:   layout -> token logprobs [B, C] -> loss (token-level, normalised by the
-                            step's trained tokens) -> backward          (gradient accumulation)
+    for each objective:     policy_gradient (the trainer's loss), sft (nll), preference (dpo)
+      for each micro-batch: layout -> token logprobs [B, C] -> loss (normalised by the objective's
+                            trained tokens, or pairs, in the step) x weight -> backward
+                                                                        (gradient accumulation)
     non-finite loss?        drop the gradients, skip the step, say so
     clip the gradient norm, optimizer step
 """
@@ -15,9 +17,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rollwire.schemas.rollout import ScoredRollout
+from rollwire.schemas.rollout import RolloutCompleted, ScoredRollout
+from rollwire.trainer import losses
 from rollwire.trainer.losses import Loss, LossInputs
 from rollwire.trainer.model import layout, token_logprobs
+from rollwire.trainer.settings import TrainerSettings
 
 
 @dataclass
@@ -38,31 +42,88 @@ def advantages_of(scored: ScoredRollout) -> list[float]:
     return [scored.advantage] * len(scored.rollout.completion_token_ids)
 
 
-def train_step(model, optimizer, loss_fn: Loss, batch: Sequence[ScoredRollout], *, micro_batch: int,
+@dataclass
+class Objectives:
+    """The loss each kind of sample (`ScoredRollout.objective`) is trained with, and its weight in
+    the step's loss. Each objective's loss is a mean over its own share of the step (trained tokens,
+    or pairs), so a weight of 1 gives production feedback the same pull per token as a rollout."""
+
+    policy_gradient: Loss
+    sft: Loss | None = None
+    """Default: `nll`."""
+    sft_weight: float = 1.0
+    preference: Loss | None = None
+    """Default: `dpo` with its default beta."""
+    preference_weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        self.sft = self.sft or losses.build("nll")
+        self.preference = self.preference or losses.build("dpo")
+
+    @classmethod
+    def from_settings(cls, settings: TrainerSettings) -> Objectives:
+        feedback = settings.feedback
+        return cls(losses.build(settings.loss, **settings.loss_params), sft_weight=feedback.sft_weight,
+                   preference=losses.build(feedback.preference_loss, **feedback.preference_params),
+                   preference_weight=feedback.preference_weight)
+
+    def loss(self, objective: str) -> tuple[Loss, float]:
+        return {"policy_gradient": (self.policy_gradient, 1.0), "sft": (self.sft, self.sft_weight),
+                "preference": (self.preference, self.preference_weight)}[objective]
+
+
+METRIC_PREFIX = {"policy_gradient": "", "sft": "sft_", "preference": ""}
+"""Before each objective's loss metrics in the step's metrics (dpo's already say `dpo_`)."""
+
+
+def _rows(scored: ScoredRollout) -> list[RolloutCompleted]:
+    """The sequences a sample trains: a preference's chosen then rejected response, else its rollout."""
+    return [scored.rollout, scored.rejected] if scored.rejected is not None else [scored.rollout]
+
+
+def _padded(rows: Sequence[Sequence[float]], width: int, device: torch.device) -> torch.Tensor:
+    return torch.tensor([list(r) + [0.0] * (width - len(r)) for r in rows], dtype=torch.float32, device=device)
+
+
+def train_step(model, optimizer, objectives: Loss | Objectives, batch: Sequence[ScoredRollout], *, micro_batch: int,
                max_grad_norm: float, device: torch.device) -> StepResult:
+    """One optimizer step over `batch`: each sample's objective trained with its loss (`objectives`;
+    a bare `Loss` trains policy-gradient samples only), gradients accumulated over micro-batches of
+    `micro_batch` samples, then clipped to `max_grad_norm`."""
     started = time.perf_counter()
-    num_tokens = int(sum(sum(s.rollout.loss_mask) for s in batch))
+    if not isinstance(objectives, Objectives):
+        objectives = Objectives(objectives)
+    by_objective: dict[str, list[ScoredRollout]] = {}
+    for scored in batch:
+        by_objective.setdefault(scored.objective, []).append(scored)
+    trained = {name: int(sum(sum(r.loss_mask) for s in samples for r in _rows(s))) for name, samples in by_objective.items()}
+    num_tokens = sum(trained.values())
     optimizer.zero_grad(set_to_none=True)
     total, metrics = 0.0, dict[str, float]()
-    for start in range(0, len(batch), micro_batch):
-        chunk = batch[start: start + micro_batch]
-        tokens = layout([s.rollout for s in chunk], device)
-        width = tokens.targets.size(1)
-        sampler = torch.tensor([s.rollout.completion_logprobs + [0.0] * (width - len(s.rollout.completion_logprobs))
-                                for s in chunk], dtype=torch.float32, device=device)
-        advantages = torch.tensor([advantages_of(s) + [0.0] * (width - len(s.rollout.completion_token_ids))
-                                   for s in chunk], dtype=torch.float32, device=device)
-        logprobs = token_logprobs(model, tokens)
-        loss, chunk_metrics = loss_fn(LossInputs(logprobs=logprobs, sampler_logprobs=sampler, advantages=advantages,
-                                                 mask=tokens.mask, num_tokens=num_tokens))
-        if not torch.isfinite(loss):
-            optimizer.zero_grad(set_to_none=True)
-            return StepResult(None, None, num_tokens, time.perf_counter() - started,
-                              skipped_reason=f"the loss was {loss.item()}: step skipped, weights unchanged")
-        loss.backward()
-        total += loss.item()
-        for k, v in chunk_metrics.items():  # token means over the step's tokens: the chunks' shares add up
-            metrics[k] = metrics.get(k, 0.0) + v
+    for objective, samples in by_objective.items():
+        loss_fn, weight = objectives.loss(objective)
+        for start in range(0, len(samples), micro_batch):
+            chunk = samples[start: start + micro_batch]
+            rows = [r for s in chunk for r in _rows(s)]
+            tokens = layout(rows, device)
+            width = tokens.targets.size(1)
+            sampler = _padded([r.completion_logprobs for r in rows], width, device)
+            advantages = _padded([advantages_of(s) if objective == "policy_gradient" else [0.0] * width
+                                  for s in chunk for _ in _rows(s)], width, device)
+            logprobs = token_logprobs(model, tokens)
+            loss, chunk_metrics = loss_fn(LossInputs(logprobs=logprobs, sampler_logprobs=sampler, advantages=advantages,
+                                                     mask=tokens.mask, num_tokens=trained[objective],
+                                                     num_pairs=len(samples)))
+            loss = loss * weight
+            if not torch.isfinite(loss):
+                optimizer.zero_grad(set_to_none=True)
+                return StepResult(None, None, num_tokens, time.perf_counter() - started,
+                                  skipped_reason=f"the loss was {loss.item()}: step skipped, weights unchanged")
+            loss.backward()
+            total += loss.item()
+            for k, v in chunk_metrics.items():  # means over the objective's tokens or pairs: the chunks' shares add up
+                key = METRIC_PREFIX[objective] + k
+                metrics[key] = metrics.get(key, 0.0) + v
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm).item()
     if not math.isfinite(grad_norm):
         optimizer.zero_grad(set_to_none=True)

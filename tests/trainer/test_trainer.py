@@ -10,6 +10,7 @@ import time
 
 import pytest
 import torch
+from builders import production
 from builders import trainable as scored
 
 from rollwire.bus import AtOffsets, EmbeddedBusSettings, EventProducer, catalog_topics, open_log
@@ -18,7 +19,7 @@ from rollwire.schemas import Codec, DeadLetter, RolloutsDropped, Topics, TrainSt
 from rollwire.trainer import checkpoint, losses
 from rollwire.trainer.loop import Trainer, TrainerSettings
 from rollwire.trainer.model import ModelSettings, layout, load_policy, token_logprobs
-from rollwire.trainer.step import train_step
+from rollwire.trainer.step import Objectives, train_step
 
 
 def events(log, topic):
@@ -61,6 +62,41 @@ def test_a_few_steps_on_a_fixed_batch_reduce_the_loss(tiny_policy):
     values = [train_step(model, optimizer, loss, batch, micro_batch=3, max_grad_norm=1.0,
                          device=torch.device("cpu")).loss for _ in range(5)]
     assert values[-1] < values[0] - 0.1, values
+
+
+def test_corrections_and_preferences_train_beside_rollouts_each_by_its_own_loss(tiny_policy):
+    model = load_policy(ModelSettings(path=str(tiny_policy)))
+    cpu = torch.device("cpu")
+
+    def logprob_sums(rollouts):
+        with torch.no_grad():
+            tokens = layout(rollouts, cpu)
+            return (token_logprobs(model, tokens) * tokens.mask).sum(-1).tolist()
+
+    pair = production(1, objective="preference")
+    with torch.no_grad():  # the reference: what the serving policy (these weights) gave each response
+        current = token_logprobs(model, layout([pair.rollout, pair.rejected], cpu))
+    chosen, rejected = (r.model_copy(update={"completion_logprobs": current[i, :len(r.completion_token_ids)].tolist()})
+                        for i, r in enumerate((pair.rollout, pair.rejected)))
+    pair = pair.model_copy(update={"rollout": chosen, "rejected": rejected})
+    correction = production(2, objective="sft")
+    batch = [scored(i) for i in range(3)] + [correction, pair]
+    sft_before, = logprob_sums([correction.rollout])
+    chosen_before, rejected_before = logprob_sums([pair.rollout, pair.rejected])
+
+    objectives = Objectives(losses.build("ppo_clip"), preference=losses.build("dpo", beta=0.5))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    results = [train_step(model, optimizer, objectives, batch, micro_batch=2, max_grad_norm=1.0, device=cpu)
+               for _ in range(4)]
+
+    assert {"clip_fraction", "ratio_mean", "sft_nll", "dpo_accuracy", "dpo_margin"} <= set(results[0].metrics)
+    assert results[0].metrics["dpo_margin"] == pytest.approx(0.0, abs=1e-5)  # nothing moved from the reference yet
+    assert results[-1].metrics["dpo_margin"] > 0 and results[-1].metrics["dpo_accuracy"] == 1.0
+    assert results[-1].metrics["sft_nll"] < results[0].metrics["sft_nll"]
+    chosen_after, rejected_after = logprob_sums([pair.rollout, pair.rejected])
+    assert chosen_after - rejected_after > chosen_before - rejected_before
+    assert logprob_sums([correction.rollout])[0] > sft_before
+    assert results[0].num_tokens == sum(sum(r.loss_mask) for s in batch for r in (s.rollout, s.rejected) if r)
 
 
 def test_a_non_finite_loss_skips_the_step_and_leaves_the_weights(tiny_policy):

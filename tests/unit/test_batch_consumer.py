@@ -3,11 +3,12 @@ that was fresh when it arrived and waited while the trainer moved on."""
 
 from __future__ import annotations
 
-from builders import trainable
+from builders import production, trainable
 
-from rollwire.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
-from rollwire.consumers.batch_consumer import BatchConsumer, BatchSettings
+from rollwire.bus import AtOffsets, EmbeddedBusSettings, EventProducer, catalog_topics, open_log
+from rollwire.consumers.batch_consumer import BatchConsumer, BatchSettings, ProductionMix
 from rollwire.schemas import Topics
+from rollwire.schemas.base import now_ms
 
 
 def test_rollouts_that_went_stale_while_pending_are_dropped_not_trained(tmp_path):
@@ -30,5 +31,57 @@ def test_rollouts_that_went_stale_while_pending_are_dropped_not_trained(tmp_path
     batch = consumer.next_batch(policy_version=2)
     assert [s.rollout.rollout_id for s in batch.rollouts] == ["r8", "r9", "r10", "r11"]
     assert batch.staleness.max == 0 and batch.drops == {"stale": ["r4", "r5", "r6", "r7"]}
+    consumer.close()
+    producer.close()
+
+
+def test_production_feedback_fills_at_most_its_share_of_a_batch_and_expires_by_age_not_version(tmp_path):
+    topics = Topics("m")
+    log = open_log(EmbeddedBusSettings(path=tmp_path / "log"))
+    log.create_topics(catalog_topics(topics))
+    producer = EventProducer(log.producer(), topics, name="joiner")
+    for i in range(5):  # served by version 0, the trainer is far ahead: still trainable, by age
+        producer.send(topics.scored, production(i), key="g")
+    producer.send(topics.scored, production(9, served_at_ms=now_ms() - 7_200_000), key="g")  # two hours ago
+    for i in range(10, 16):
+        producer.send(topics.scored, trainable(i, version=40), key="g")
+    producer.flush()
+    mix = ProductionMix(share=0.25, max_age_s=3600)
+    consumer = BatchConsumer(log, topics, BatchSettings(batch_rollouts=4, max_off_policy=1), vocab_size=82, mix=mix)
+
+    first = consumer.next_batch(policy_version=40)
+    assert [s.rollout.rollout_id for s in first.rollouts] == ["f0", "r10", "r11", "r12"]  # one of four: the share
+    assert first.staleness.max == 0  # production samples do not count in the version lag
+    assert first.drops == {"stale": ["f9"]}
+    assert consumer.drops_event(first.drops)[0].detail == "served more than 3600 s ago"
+    second = consumer.next_batch(policy_version=40)
+    assert [s.rollout.rollout_id for s in second.rollouts] == ["f1", "r13", "r14", "r15"]
+    # no environment rollouts left: the production samples wait rather than fill a batch
+    assert consumer.next_batch(policy_version=40, timeout_s=0.3) is None
+    consumer.close()
+
+    alone = BatchConsumer(log, topics, BatchSettings(batch_rollouts=2, max_off_policy=1), vocab_size=82,
+                          mix=ProductionMix(share=1.0), name="other")
+    assert [s.rollout.rollout_id for s in alone.next_batch(policy_version=40).rollouts] == ["f0", "f1"]
+    alone.close()
+    producer.close()
+
+
+def test_a_preference_is_checked_on_both_responses(tmp_path):
+    topics = Topics("p")
+    log = open_log(EmbeddedBusSettings(path=tmp_path / "log"))
+    log.create_topics(catalog_topics(topics))
+    producer = EventProducer(log.producer(), topics, name="joiner")
+    pair = production(0, objective="preference")
+    bad = pair.rejected.model_copy(update={"completion_token_ids": [500] * len(pair.rejected.completion_token_ids)})
+    producer.send(topics.scored, pair.model_copy(update={"rejected": bad}), key="g")
+    producer.send(topics.scored, production(1, objective="preference"), key="g")
+    producer.flush()
+    consumer = BatchConsumer(log, topics, BatchSettings(batch_rollouts=1), vocab_size=82, mix=ProductionMix(share=1.0))
+    batch = consumer.next_batch(policy_version=0)
+    assert [s.rollout.rollout_id for s in batch.rollouts] == ["f1"]
+    consumer.flush()
+    letters = [r for r in log.reader([topics.deadletter], AtOffsets({(topics.deadletter, 0): 0})).poll_batch(10, 2.0)]
+    assert len(letters) == 1
     consumer.close()
     producer.close()

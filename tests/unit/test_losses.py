@@ -57,8 +57,8 @@ def test_reinforce_is_minus_advantage_times_logprob_with_no_correction():
 
 
 def test_nll_ignores_the_advantage():
-    loss, _ = losses.build("nll")(inputs())
-    assert loss.item() == pytest.approx(-sum(LOGP) / N)
+    loss, metrics = losses.build("nll")(inputs())
+    assert loss.item() == pytest.approx(-sum(LOGP) / N) and metrics == {"nll": pytest.approx(loss.item())}
 
 
 def test_reverse_kl_weights_the_teacher_gap_by_the_ratio_and_reports_the_divergence():
@@ -78,8 +78,37 @@ def test_the_gradient_of_ppo_clip_vanishes_on_clipped_tokens():
     assert grad[1, 2].item() == 0.0  # padding
 
 
+def test_dpo_pushes_the_chosen_response_up_against_the_rejected_one_from_the_reference():
+    # rows: chosen, rejected of pair 0; chosen, rejected of pair 1 (the last token of each rejected is padding)
+    policy = torch.tensor([[-1.0, -2.0, -0.5], [-1.5, -1.0, 0.0], [-0.2, -0.3, -0.4], [-2.0, -0.1, 0.0]],
+                          requires_grad=True)
+    reference = torch.tensor([[-1.2, -2.0, -0.6], [-1.0, -1.2, 0.0], [-0.5, -0.5, -0.5], [-1.0, -1.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    x = LossInputs(logprobs=policy, sampler_logprobs=reference, advantages=torch.zeros(4, 3), mask=mask,
+                   num_tokens=10, num_pairs=2)
+    loss, metrics = losses.build("dpo", beta=0.5)(x)
+    # pair 0: chosen moved -3.5 - (-3.8) = 0.3, rejected -2.5 - (-2.2) = -0.3: margin 0.5 * 0.6 = 0.3
+    # pair 1: chosen -0.9 - (-1.5) = 0.6, rejected -2.1 - (-2.0) = -0.1: margin 0.5 * 0.7 = 0.35
+    margins = [0.3, 0.35]
+    expected = [math.log(1 + math.exp(-m)) for m in margins]  # -log sigmoid(m)
+    assert loss.item() == pytest.approx(sum(expected) / 2)
+    assert metrics == pytest.approx({"dpo_accuracy": 1.0, "dpo_margin": sum(margins) / 2})
+    loss.backward()
+    # d/d logp(chosen token) = -beta * sigmoid(-m) / pairs; rejected: the opposite; padding: 0
+    sig = [1 / (1 + math.exp(m)) for m in margins]
+    assert policy.grad[0, 0].item() == pytest.approx(-0.5 * sig[0] / 2)
+    assert policy.grad[1, 0].item() == pytest.approx(0.5 * sig[0] / 2)
+    assert policy.grad[3, 1].item() == pytest.approx(0.5 * sig[1] / 2) and policy.grad[3, 2].item() == 0.0
+
+
 def test_loss_names_and_parameters_are_checked_before_anything_is_built():
     with pytest.raises(ConfigError, match="unknown loss 'ppo'; valid: dppo_mask, nll, ppo_clip, reinforce, reverse_kl"):
         losses.check("ppo", {})
     with pytest.raises(ConfigError, match="no parameter 'eps' .*it takes eps_low, eps_high"):
         losses.check("ppo_clip", {"eps": 0.1})
+    with pytest.raises(ConfigError, match="loss 'dpo' trains preference pairs; here it takes one of: dppo_mask, nll"):
+        losses.check("dpo", {})
+    with pytest.raises(ConfigError, match="loss 'nll' trains scored tokens; here it takes one of: dpo"):
+        losses.check("nll", {}, pairwise=True)
+    with pytest.raises(ConfigError, match="unknown preference loss 'dop'; valid: dpo .did you mean 'dpo'"):
+        losses.check("dop", {}, pairwise=True)

@@ -9,7 +9,9 @@ batch (padding and environment tokens have `mask` 0):
     mask              1.0 for trained tokens
 
 and returns the scalar loss plus detached metrics, each a token mean over the step (`token_mean`), so
-a step's micro-batches add up to it. Normalisation is token-level: the sum over
+a step's micro-batches add up to it. A *pairwise* loss (`pairwise = True`, e.g. `dpo`) trains
+preference pairs instead: its rows come in pairs (chosen, then rejected), `sampler_logprobs` are
+the reference, and it normalises by the step's pairs (`num_pairs`, `pair_mean`). Normalisation is token-level: the sum over
 trained tokens divided by `num_tokens` (the trained tokens of the whole step, so gradient
 accumulation over micro-batches adds up to one mean) — the length-unbiased form Dr. GRPO asks for.
 
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from rollwire.errors import ConfigError
-from rollwire.registry import Registry, closest
+from rollwire.registry import Registry, UnknownNameError, closest
 
 if TYPE_CHECKING:
     import torch
@@ -41,12 +43,16 @@ class LossInputs:
     mask: torch.Tensor
     num_tokens: int
     """Trained tokens in the whole optimizer step (the normaliser)."""
+    num_pairs: int = 0
+    """Preference pairs in the whole optimizer step (a pairwise loss's normaliser)."""
 
 
 class Loss(ABC):
     """A policy loss."""
 
     name: ClassVar[str]
+    pairwise: ClassVar[bool] = False
+    """Trains preference pairs (rows: chosen, rejected, chosen, ...) rather than scored tokens."""
 
     def __init__(self, **params: float) -> None:
         unknown = set(params) - set(self.defaults())
@@ -70,9 +76,16 @@ def register(cls: type[Loss]) -> type[Loss]:
     return LOSSES.add(cls.name, cls)
 
 
-def check(name: str, params: Mapping[str, float]) -> None:
-    """Raises `ConfigError` naming the fix when `name` is not a loss or `params` not its parameters
-    (without torch: loss modules import it only when they run)."""
+def check(name: str, params: Mapping[str, float], *, pairwise: bool = False) -> None:
+    """Raises `ConfigError` naming the fix when `name` is not a loss of the kind asked for (token
+    losses, or `pairwise` ones for preference pairs) or `params` not its parameters (without torch:
+    loss modules import it only when they run)."""
+    of_kind = [n for n in LOSSES.names() if LOSSES.get(n).pairwise == pairwise]
+    if name not in of_kind:
+        if name in LOSSES.names():
+            trains = "scored tokens" if pairwise else "preference pairs"
+            raise ConfigError(f"loss {name!r} trains {trains}; here it takes one of: {', '.join(sorted(of_kind))}")
+        raise UnknownNameError("preference loss" if pairwise else "loss", name, of_kind)
     loss = LOSSES.get(name)
     unknown = sorted(set(params) - set(loss.defaults()))
     if unknown:
@@ -83,10 +96,15 @@ def check(name: str, params: Mapping[str, float]) -> None:
 
 def build(name: str, **params: float) -> Loss:
     """The loss registered as `name`, configured with `params`."""
-    check(name, params)
+    check(name, params, pairwise=LOSSES.get(name).pairwise)
     return LOSSES.get(name)(**params)
 
 
 def token_mean(values: torch.Tensor, x: LossInputs) -> torch.Tensor:
     """Sum of `values` over trained tokens divided by the step's trained tokens."""
     return (values * x.mask).sum() / max(1, x.num_tokens)
+
+
+def pair_mean(values: torch.Tensor, x: LossInputs) -> torch.Tensor:
+    """Sum of `values` (one per pair) divided by the step's preference pairs."""
+    return values.sum() / max(1, x.num_pairs)

@@ -74,7 +74,8 @@ class Nll(Loss):
     name = "nll"
 
     def __call__(self, x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
-        return token_mean(-x.logprobs, x), {}
+        loss = token_mean(-x.logprobs, x)
+        return loss, {"nll": loss.item()}
 
 
 @register
