@@ -3,7 +3,7 @@ so a restarted joiner rebuilds exactly what it held, pending feedback included."
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -15,9 +15,13 @@ from rollwire.schemas.serving import ResponseServed
 class FeedbackJoinState(Event):
     """What the joiner holds for one receipt.
 
+    Version 2 added `partners` (the joiner's own state: an older joiner cannot hold it).
+
     Produced by the feedback joiner on `joiner-state` (compacted; key: the receipt) whenever it
     changes, tombstoned when forgotten; consumed by the feedback joiner when it restores.
     """
+
+    SCHEMA_VERSION: ClassVar[int] = 2
 
     type: Literal["feedback.join_state"] = "feedback.join_state"
     response_id: str
@@ -28,6 +32,8 @@ class FeedbackJoinState(Event):
     """Feedback that arrived before its served record, oldest first."""
     joined: list[str] = Field(default_factory=list)
     """Feedback ids already turned into samples or dropped: a resend of one is ignored."""
+    partners: list[str] = Field(default_factory=list)
+    """Receipts holding preferences that also need this receipt's served record: retried when it arrives."""
     first_seen_ms: int = Field(default_factory=now_ms)
     """When the joiner first heard of the receipt (epoch ms)."""
 

@@ -15,7 +15,9 @@ One `step`, as the scorer's commit protocol:
     # Step 5  commit the consumer's offsets
 
 A crash before Step 5 replays the batch: feedback already joined is recognised by its id in the
-restored state, so each feedback item becomes one sample or one drop. One process holds every
+restored state, so each feedback item becomes one sample or one drop. A preference needs two
+receipts' records: it waits at the first, the second lists it among its `partners`, and it is
+retried when the second's record arrives (the joiner holds every receipt, so both are at hand). One process holds every
 receipt: served records and feedback are keyed by conversation (or receipt), not co-partitioned
 by receipt, so the joiner does not split across processes yet.
 """
@@ -36,7 +38,7 @@ from rollwire.schemas.joiner import FeedbackJoinState, SourceBaseline
 from rollwire.schemas.rollout import ScoredRollout
 from rollwire.schemas.serving import ResponseServed
 from rollwire.schemas.topics import Topics
-from rollwire.streams.feedback_join import FeedbackJoiner, JoinStep
+from rollwire.streams.feedback_join import FeedbackJoiner, JoinStep, receipt_of
 from rollwire.streams.group_changelog import PendingWrites
 from rollwire.streams.in_process import InProcessDriver
 
@@ -98,11 +100,12 @@ class EmbeddedJoiner(InProcessDriver):
             event = delivery.event
             with self.consumer.process_span(delivery):
                 if isinstance(event, ResponseServed):
-                    self._apply(event.response_id,
-                                self.joiner.on_served(self.states.get(event.response_id), event, self.baselines))
+                    self._apply(event.response_id, self.joiner.on_served(
+                        self.states.get(event.response_id), event, self.baselines, lookup=self._served))
                 elif isinstance(event, FeedbackReceived):
-                    receipt = event.response_id or ""
-                    self._apply(receipt, self.joiner.on_feedback(self.states.get(receipt), event, self.baselines))
+                    receipt = receipt_of(event) or ""
+                    self._apply(receipt, self.joiner.on_feedback(self.states.get(receipt), event, self.baselines,
+                                                                 lookup=self._served))
                 else:
                     self.consumer.dead_letter(delivery, f"a {event.type} event does not belong on {delivery.record.topic}")
         # Step 3
@@ -136,6 +139,18 @@ class EmbeddedJoiner(InProcessDriver):
             self.states[receipt] = step.state
             self.pending.add([(receipt, step.state)])
             self._schedule(step.state)
+        if step.partner is not None:
+            waited_for, partner = step.partner
+            held = self.states.get(waited_for) or FeedbackJoinState(response_id=waited_for)
+            if partner not in held.partners:
+                self._apply(waited_for, JoinStep(held.model_copy(update={"partners": [*held.partners, partner]})))
+        for partner in step.retry:
+            if partner in self.states:
+                self._apply(partner, self.joiner.on_partner(self.states[partner], self.baselines, self._served))
+
+    def _served(self, receipt: str) -> ResponseServed | None:
+        state = self.states.get(receipt)
+        return state.served if state is not None else None
 
     def _send(self, event: Event) -> None:
         if isinstance(event, ScoredRollout):

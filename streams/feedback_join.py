@@ -1,5 +1,5 @@
-"""The feedback joiner's logic, free of any transport: production feedback joined with the response it
-judges, by receipt, into training samples. One pure step per event or tick, as `GroupScorer`.
+"""The feedback joiner's logic, free of any transport: production feedback joined with the responses
+it judges, by receipt, into training samples. One pure step per event or tick, as `GroupScorer`.
 
     served   (response.served, key: receipt) ──▶ on_served(state, served)    ─┐
     feedback (feedback.received)             ──▶ on_feedback(state, item)   ─┼─▶ new state
@@ -8,18 +8,29 @@ judges, by receipt, into training samples. One pure step per event or tick, as `
 
 State is kept per receipt (`FeedbackJoinState`): the served record once it arrived, feedback that
 came first and waits for it (at most `window_s`), and the feedback ids already turned into samples
-(a resend is recognised and ignored). A rating becomes a `ScoredRollout`: the served call as the
-rollout (prompt and sampled ids, the sampler's logprobs and weight-version spans, as recorded, so
-the trainer corrects for the version that served it), reward = the rating, advantage = the rating
-less its source's baseline (`baselines`, by name). Corrections and preferences are refused with a
-reason until the SFT and preference paths exist.
+(a resend is recognised and ignored). What each kind becomes (`ScoredRollout.objective`):
+
+    rating      policy_gradient: the served call as the rollout (prompt and sampled ids, the
+                sampler's logprobs and weight-version spans, as recorded, so the trainer corrects
+                for the version that served it); reward = the rating, advantage = the rating less
+                its source's baseline (`BASELINES`, by name)
+    correction  sft: the served prompt, then the corrected response rendered with the served chat
+                template (`Renderer`); prompt tokens are not trained. Without a receipt, the
+                `messages` the app sent are rendered instead: nothing to join.
+    preference  preference: both receipts' served calls, the chosen one first; their sampler
+                logprobs are the loss's reference. It waits at its first receipt until both
+                records are in: the second receipt's state lists the first among its `partners`,
+                and the driver retries those partners when it arrives (`JoinStep.retry`).
+
+Ratings and preferences about responses served elsewhere carry no sampler logprobs to correct or
+refer to; they are dropped with that reason.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Any, Protocol
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
@@ -27,7 +38,7 @@ from rollwire.registry import Registry
 from rollwire.schemas.base import Event, now_ms
 from rollwire.schemas.feedback import FeedbackReceived
 from rollwire.schemas.joiner import FeedbackJoinState, SourceBaseline
-from rollwire.schemas.rollout import RolloutCompleted, ScoredRollout
+from rollwire.schemas.rollout import ProductionOrigin, RolloutCompleted, ScoredRollout
 from rollwire.schemas.serving import ResponseServed
 from rollwire.schemas.training import RolloutsDropped
 
@@ -50,19 +61,37 @@ def _source_mean(mean: float, count: int, rating: float) -> float:
     return mean if count else 0.0
 
 
+class RenderError(ValueError):
+    """A correction cannot be rendered in the served tokens; the message says why."""
+
+
+class Renderer(Protocol):
+    """Renders corrected responses in the policy's own tokens (`ChatTemplateRenderer`)."""
+
+    def chat(self, messages: list[dict[str, str]], correction: str) -> tuple[list[int], list[int]]:
+        """`(prompt ids, response ids)`: the conversation as the chat template renders it for
+        generation, then the corrected assistant turn up to and including its end token."""
+
+    def text(self, correction: str) -> list[int]:
+        """The corrected text of a plain completion, then the end-of-sequence token."""
+
+
 class FeedbackJoinSettings(BaseModel):
     """Settings of the feedback joiner."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     window_s: float = Field(default=3600.0, gt=0)
-    """How long feedback waits for its served record before it is dropped as unjoinable."""
+    """How long feedback waits for its served record(s) before it is dropped as unjoinable."""
     served_retention_s: float = Field(default=7 * 86400.0, gt=0)
     """How long a served record is kept for feedback to arrive."""
     baseline: Annotated[str, AfterValidator(BASELINES.check)] = "source_mean"
     """Per-source baseline a rating's advantage is measured from (`BASELINES`)."""
     algorithm: str = "feedback"
     """The algorithm name the samples carry (the trainer's loss does not depend on it)."""
+    tokenizer: str = ""
+    """The served model's tokenizer (a directory or hub name), to render corrections with its chat
+    template; empty: corrections are dropped with that reason. `rollwire run` fills in the model's."""
 
 
 @dataclass
@@ -76,47 +105,72 @@ class JoinStep:
     baselines: dict[str, SourceBaseline] = field(default_factory=dict)
     """Sources whose baseline changed, to store."""
     duplicate: bool = False
+    partner: tuple[str, str] | None = None
+    """`(receipt, partner)`: a preference now waits at `partner` for `receipt`'s served record;
+    the driver adds `partner` to `receipt`'s `partners`."""
+    retry: list[str] = field(default_factory=list)
+    """Receipts whose waiting preferences may complete now: the driver calls `on_partner` on each."""
+
+
+Lookup = Callable[[str], ResponseServed | None]
+"""The served record of a receipt, when the joiner holds it."""
+
+
+def _nothing(receipt: str) -> ResponseServed | None:
+    return None
 
 
 class FeedbackJoiner:
     """Holds no data itself: drivers pass each receipt's state (and the sources' baselines) in."""
 
-    def __init__(self, settings: FeedbackJoinSettings) -> None:
-        self.settings = settings
+    def __init__(self, settings: FeedbackJoinSettings, renderer: Renderer | None = None) -> None:
+        self.settings, self.renderer = settings, renderer
         self._baseline = BASELINES.get(settings.baseline)
 
+    @classmethod
+    def from_settings(cls, settings: FeedbackJoinSettings) -> FeedbackJoiner:
+        """A joiner that renders corrections with `settings.tokenizer`'s chat template, when one is set."""
+        return cls(settings, ChatTemplateRenderer(settings.tokenizer) if settings.tokenizer else None)
+
+    # -- events ------------------------------------------------------------------------------
+
     def on_served(self, state: FeedbackJoinState | None, served: ResponseServed,
-                  baselines: dict[str, SourceBaseline], now: int | None = None) -> JoinStep:
+                  baselines: dict[str, SourceBaseline], now: int | None = None, lookup: Lookup = _nothing) -> JoinStep:
         now = now_ms() if now is None else now
         if state is not None and state.served is not None:
             return JoinStep(state, duplicate=True)
         state = (state or FeedbackJoinState(response_id=served.response_id, first_seen_ms=now))
-        state = state.model_copy(update={"served": served})
+        step = JoinStep(state.model_copy(update={"served": served, "partners": []}), retry=list(state.partners))
+        self._join_waiting(step, baselines, lookup)
+        return step
+
+    def on_partner(self, state: FeedbackJoinState, baselines: dict[str, SourceBaseline], lookup: Lookup) -> JoinStep:
+        """Another receipt's served record arrived: preferences waiting here for it may complete."""
         step = JoinStep(state)
-        for item in state.waiting:
-            self._join(step, item, baselines)
-        step.state = step.state.model_copy(update={"waiting": []}) if step.state else None
+        if state.served is not None:
+            self._join_waiting(step, baselines, lookup)
         return step
 
     def on_feedback(self, state: FeedbackJoinState | None, item: FeedbackReceived,
-                    baselines: dict[str, SourceBaseline], now: int | None = None) -> JoinStep:
+                    baselines: dict[str, SourceBaseline], now: int | None = None, lookup: Lookup = _nothing) -> JoinStep:
+        """`state` is that of `receipt_of(item)`."""
         now = now_ms() if now is None else now
-        receipt = item.response_id
+        receipt = receipt_of(item)
         if receipt is None:
-            return JoinStep(state, [self._drop(item, "unjoinable", "it names no receipt (response_id): only "
-                                               "responses served by `rollwire serve` can train yet")])
+            return JoinStep(state, [self._elsewhere(item)])
         if state is not None and (item.feedback_id in state.joined
                                   or any(w.feedback_id == item.feedback_id for w in state.waiting)):
             return JoinStep(state, duplicate=True)
         state = state or FeedbackJoinState(response_id=receipt, first_seen_ms=now)
-        if item.kind != "rating":
-            step = JoinStep(state.model_copy(update={"joined": [*state.joined, item.feedback_id]}))
-            step.events.append(self._drop(item, "invalid", f"{item.kind} feedback cannot train yet: only ratings"))
-            return step
-        if state.served is None:
-            return JoinStep(state.model_copy(update={"waiting": [*state.waiting, item]}))
         step = JoinStep(state)
-        self._join(step, item, baselines)
+        if item.kind == "preference" and item.response_ids[0] == item.response_ids[1]:
+            step.events.append(self._drop(item, "invalid", "a preference compares two different responses; both "
+                                                           f"receipts are {receipt}"))
+            step.state = state.model_copy(update={"joined": [*state.joined, item.feedback_id]})
+        elif not self._try(step, item, baselines, lookup):
+            step.state = state.model_copy(update={"waiting": [*state.waiting, item]})
+            if item.kind == "preference" and lookup(item.response_ids[1]) is None:
+                step.partner = (item.response_ids[1], receipt)
         return step
 
     def on_tick(self, state: FeedbackJoinState, now: int | None = None) -> JoinStep:
@@ -124,7 +178,7 @@ class FeedbackJoiner:
         now = now_ms() if now is None else now
         window = self.settings.window_s * 1000
         late = [w for w in state.waiting if now - w.received_at_ms >= window]
-        events: list[Event] = [self._drop(w, "unjoinable", f"no served record of {state.response_id} arrived "
+        events: list[Event] = [self._drop(w, "unjoinable", f"no served record of {', '.join(_receipts(w))} arrived "
                                                            f"within {self.settings.window_s:g} s") for w in late]
         if late:
             state = state.model_copy(update={"waiting": [w for w in state.waiting if w not in late],
@@ -134,27 +188,160 @@ class FeedbackJoiner:
             return JoinStep(None, events)
         return JoinStep(state, events)
 
-    def _join(self, step: JoinStep, item: FeedbackReceived, baselines: dict[str, SourceBaseline]) -> None:
-        assert step.state is not None and step.state.served is not None
-        served, rating = step.state.served, float(item.rating or 0.0)
+    # -- joining -----------------------------------------------------------------------------
+
+    def _join_waiting(self, step: JoinStep, baselines: dict[str, SourceBaseline], lookup: Lookup) -> None:
+        assert step.state is not None
+        still = [item for item in step.state.waiting if not self._try(step, item, baselines, lookup)]
+        step.state = step.state.model_copy(update={"waiting": still})
+
+    def _try(self, step: JoinStep, item: FeedbackReceived, baselines: dict[str, SourceBaseline],
+             lookup: Lookup) -> bool:
+        """Turns `item` into a sample or a drop if its served record(s) are in; False: it must wait."""
+        assert step.state is not None
+        served = step.state.served
+        if served is None:
+            return False
+        if item.kind == "preference":
+            other = lookup(item.response_ids[1])
+            if other is None:
+                return False
+            step.events.append(self._preference(item, served, other))
+        elif item.kind == "correction":
+            step.events.append(self._correction(item, served))
+        else:
+            self._rating(step, item, served, baselines)
+        step.state = step.state.model_copy(update={"joined": [*step.state.joined, item.feedback_id]})
+        return True
+
+    def _rating(self, step: JoinStep, item: FeedbackReceived, served: ResponseServed,
+                baselines: dict[str, SourceBaseline]) -> None:
+        rating = float(item.rating or 0.0)
         current = step.baselines.get(item.source) or baselines.get(item.source) or SourceBaseline(source=item.source)
         baseline = self._baseline(current.mean, current.count, rating)
-        call = served.call
-        rollout = RolloutCompleted(
-            rollout_id=item.feedback_id, group_id=f"feedback-{served.response_id}", task_id=served.response_id,
-            environment=f"feedback/{item.source}", algorithm=self.settings.algorithm, group_size=1, sample_index=0,
-            prompt_token_ids=call.prompt_token_ids, completion_token_ids=call.completion_token_ids,
-            completion_logprobs=call.completion_logprobs, loss_mask=[1] * len(call.completion_token_ids),
-            weight_versions=call.weight_versions, rewards={"rating": rating}, reward=rating,
-            traceparent=served.traceparent)
+        rollout = self._served_rollout(item, served, item.feedback_id).model_copy(
+            update={"rewards": {"rating": rating}, "reward": rating})
         step.events.append(ScoredRollout(rollout=rollout, algorithm=self.settings.algorithm, reward=rating,
-                                         advantage=rating - baseline, group_reward_mean=baseline))
+                                         advantage=rating - baseline, group_reward_mean=baseline,
+                                         production=_origin(item, served)))
         count = current.count + 1
         step.baselines[item.source] = SourceBaseline(source=item.source, count=count,
                                                      mean=current.mean + (rating - current.mean) / count)
-        step.state = step.state.model_copy(update={"joined": [*step.state.joined, item.feedback_id]})
+
+    def _correction(self, item: FeedbackReceived, served: ResponseServed | None) -> Event:
+        if self.renderer is None:
+            return self._drop(item, "invalid", "corrections need the served model's tokenizer: set the joiner's "
+                                               "tokenizer (`rollwire join --tokenizer DIR`)")
+        correction = item.correction or ""
+        try:
+            if served is None:  # served elsewhere: the app sent the conversation
+                prompt, response = self.renderer.chat(item.messages, correction)
+            elif served.endpoint == "chat":
+                prompt, response = self.renderer.chat(served.messages, correction)
+                if prompt != served.call.prompt_token_ids:
+                    raise RenderError("the chat template does not reproduce the served prompt's tokens "
+                                      "(is the joiner's tokenizer the served model's?)")
+            else:
+                prompt, response = served.call.prompt_token_ids, self.renderer.text(correction)
+        except RenderError as exc:
+            return self._drop(item, "invalid", f"the correction cannot be rendered: {exc}")
+        if not response:
+            return self._drop(item, "invalid", "the correction renders to no tokens")
+        rollout = RolloutCompleted(
+            rollout_id=item.feedback_id, group_id=f"feedback-{receipt_of(item) or item.feedback_id}",
+            task_id=receipt_of(item) or item.feedback_id, environment=f"feedback/{item.source}",
+            algorithm=self.settings.algorithm, group_size=1, sample_index=0, prompt_token_ids=prompt,
+            completion_token_ids=response, completion_logprobs=[0.0] * len(response), loss_mask=[1] * len(response),
+            traceparent=served.traceparent if served else None)
+        return ScoredRollout(rollout=rollout, algorithm=self.settings.algorithm, reward=0.0, objective="sft",
+                             production=_origin(item, served))
+
+    def _preference(self, item: FeedbackReceived, first: ResponseServed, second: ResponseServed) -> Event:
+        if first.call.prompt_token_ids != second.call.prompt_token_ids:
+            return self._drop(item, "invalid", "the two responses answer different prompts: a preference compares "
+                                               "two responses to one prompt")
+        chosen, rejected = (first, second) if item.preferred_index == 0 else (second, first)
+        return ScoredRollout(rollout=self._served_rollout(item, chosen, item.feedback_id),
+                             rejected=self._served_rollout(item, rejected, f"{item.feedback_id}-rejected"),
+                             algorithm=self.settings.algorithm, reward=0.0, objective="preference",
+                             production=_origin(item, first, second))
+
+    def _served_rollout(self, item: FeedbackReceived, served: ResponseServed, rollout_id: str) -> RolloutCompleted:
+        call = served.call
+        return RolloutCompleted(
+            rollout_id=rollout_id, group_id=f"feedback-{served.response_id}", task_id=served.response_id,
+            environment=f"feedback/{item.source}", algorithm=self.settings.algorithm, group_size=1, sample_index=0,
+            prompt_token_ids=call.prompt_token_ids, completion_token_ids=call.completion_token_ids,
+            completion_logprobs=call.completion_logprobs, loss_mask=[1] * len(call.completion_token_ids),
+            weight_versions=call.weight_versions, traceparent=served.traceparent)
+
+    def _elsewhere(self, item: FeedbackReceived) -> Event:
+        """Feedback on a response rollwire did not serve."""
+        if item.kind == "correction" and item.messages:
+            return self._correction(item, None)
+        what = {"rating": "a rating", "preference": "a preference", "correction": "a correction"}[item.kind]
+        need = ("messages (the conversation to render the correction after)" if item.kind == "correction" else
+                "receipts: it trains against the sampler logprobs `rollwire serve` records, which responses served "
+                "elsewhere lack")
+        return self._drop(item, "unjoinable", f"{what} without a receipt needs {need}")
 
     @staticmethod
     def _drop(item: FeedbackReceived, reason: str, detail: str) -> RolloutsDropped:
-        return RolloutsDropped(rollout_ids=[item.feedback_id], group_id=item.response_id or item.feedback_id,
+        return RolloutsDropped(rollout_ids=[item.feedback_id], group_id=receipt_of(item) or item.feedback_id,
                                reason=reason, stage="feedback joiner", detail=detail)
+
+
+def receipt_of(item: FeedbackReceived) -> str | None:
+    """The receipt whose state holds `item`: its response's, or a preference's first."""
+    if item.kind == "preference":
+        return item.response_ids[0] if item.response_ids else None
+    return item.response_id
+
+
+def _receipts(item: FeedbackReceived) -> list[str]:
+    return list(item.response_ids) if item.kind == "preference" else [item.response_id or item.feedback_id]
+
+
+def _origin(item: FeedbackReceived, *served: ResponseServed | None) -> ProductionOrigin:
+    times = [s.served_at_ms for s in served if s is not None]
+    return ProductionOrigin(source=item.source, feedback_id=item.feedback_id, response_ids=_receipts(item)
+                            if any(served) else [], served_at_ms=min(times) if times else item.received_at_ms)
+
+
+class ChatTemplateRenderer:
+    """Renders corrections with a tokenizer's own chat template (loaded with transformers)."""
+
+    def __init__(self, tokenizer: str) -> None:
+        from transformers import AutoTokenizer
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+        self._specials = set(self.tokenizer.all_special_ids) | {
+            i for i, token in self.tokenizer.added_tokens_decoder.items() if token.special}  # <|im_end|> and kin
+
+    def _ids(self, messages: list[dict[str, str]], **kw) -> list[int]:
+        out: Any = self.tokenizer.apply_chat_template(messages, tokenize=True, **kw)
+        return list(out["input_ids"] if hasattr(out, "keys") else out)  # a BatchEncoding in transformers 5
+
+    def chat(self, messages: list[dict[str, str]], correction: str) -> tuple[list[int], list[int]]:
+        if not messages:
+            raise RenderError("no conversation to render the correction after")
+        try:
+            prompt = self._ids(messages, add_generation_prompt=True)
+            full = self._ids([*messages, {"role": "assistant", "content": correction}])
+        except Exception as exc:  # a template raises whatever its author chose
+            raise RenderError(f"the chat template failed: {exc}") from None
+        if full[:len(prompt)] != prompt:
+            raise RenderError("the chat template renders the conversation differently with the assistant's turn "
+                              "appended, so the turn's tokens cannot be separated from the prompt")
+        return prompt, self._to_end_of_turn(full[len(prompt):])
+
+    def text(self, correction: str) -> list[int]:
+        ids = list(self.tokenizer(correction, add_special_tokens=False)["input_ids"])
+        return ids + ([self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else [])
+
+    def _to_end_of_turn(self, ids: list[int]) -> list[int]:
+        """Cuts what a template writes after the turn's end token (a newline between turns): the
+        model never samples it, generation stops at the end token."""
+        ends = [i for i, t in enumerate(ids) if t in self._specials]
+        if ends and not self.tokenizer.decode(ids[ends[-1] + 1:]).strip():
+            return ids[:ends[-1] + 1]
+        return ids

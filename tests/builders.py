@@ -125,7 +125,7 @@ def served(**kw) -> ResponseServed:
 
 
 def join_state(**kw) -> FeedbackJoinState:
-    return FeedbackJoinState(**{"response_id": "resp-1", "served": served(), "joined": ["fb-1"],
+    return FeedbackJoinState(**{"response_id": "resp-1", "served": served(), "joined": ["fb-1"], "partners": ["resp-0"],
                                 "first_seen_ms": 1_790_000_000_900, **kw})
 
 

@@ -83,14 +83,21 @@ def add_join(sub) -> None:
         "join", help="run the feedback joiner: feedback joined with served responses into training samples",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Joins each `feedback.received` with the `response.served` record its receipt names,\n"
-                    "whichever arrives first. A rating becomes a scored sample of the served tokens (the\n"
-                    "sampler's logprobs and weight versions kept), advantage = rating less the source's\n"
-                    "baseline; feedback whose response never arrives within window_s, and kinds that cannot\n"
-                    "train yet, go to `drops` with the reason. Its state is on `joiner-state`: a restarted\n"
-                    "joiner loses nothing and doubles nothing. One process per run.",
+                    "whichever arrives first, into samples on `scored`:\n"
+                    "  rating      a policy-gradient sample of the served tokens (the sampler's logprobs and\n"
+                    "              weight versions kept), advantage = rating less the source's baseline\n"
+                    "  correction  an SFT sample: the served prompt, then the correction rendered with the\n"
+                    "              model's chat template (--tokenizer); prompt tokens are not trained\n"
+                    "  preference  a pair for DPO: both receipts' served tokens, the chosen one first\n"
+                    "Feedback whose responses never arrive within window_s, and what cannot train, go to\n"
+                    "`drops` with the reason. Its state is on `joiner-state`: a restarted joiner loses\n"
+                    "nothing and doubles nothing. One process per run.",
         epilog="settings file (TOML), all keys optional:\n"
-               "  [joiner]\n  window_s = 3600\n  served_retention_s = 604800\n  baseline = \"source_mean\"   # or none")
+               "  [joiner]\n  window_s = 3600\n  served_retention_s = 604800\n  baseline = \"source_mean\"   # or none\n"
+               "  tokenizer = \"runs/demo/base\"   # the served model's, for corrections")
     join.add_argument("--config", type=Path, help="TOML file with a [joiner] table")
+    join.add_argument("--tokenizer", metavar="DIR", help="the served model's tokenizer, to render corrections "
+                                                         "(overrides [joiner] tokenizer)")
     join.add_argument("--exit-when-idle", type=float, metavar="SECONDS", help="stop when nothing arrived for SECONDS")
     add_bus_options(join)
     join.set_defaults(run=cmd_join)
@@ -102,11 +109,14 @@ def cmd_join(args: argparse.Namespace) -> int:
     from rollwire.schemas.topics import Topics
     from rollwire.streams.embedded_joiner import EmbeddedJoiner
     from rollwire.streams.feedback_join import FeedbackJoiner, FeedbackJoinSettings
-    settings = validated(FeedbackJoinSettings, config_table(args.config, "joiner", "join"), "joiner", "join")
+    table = config_table(args.config, "joiner", "join")
+    if args.tokenizer:
+        table["tokenizer"] = args.tokenizer
+    settings = validated(FeedbackJoinSettings, table, "joiner", "join")
     topics = Topics(args.prefix)
     with open_log(bus_settings(args)) as log:
         log.create_topics(catalog_topics(topics))
-        joiner = EmbeddedJoiner(log, topics, FeedbackJoiner(settings))
+        joiner = EmbeddedJoiner(log, topics, FeedbackJoiner.from_settings(settings))
         try:
             joiner.run(stop_after_idle_s=args.exit_when_idle)
         except KeyboardInterrupt:

@@ -1,6 +1,7 @@
 """`rollwire join` on the embedded log and a real Kafka broker: feedback and served responses in
 either order, the joiner `kill -9`ed while feedback waits for its response, restarted. Every
-rating becomes one sample of its served tokens, late feedback one drop; nothing is lost, and a
+rating becomes one sample of its served tokens, a preference one pair once both its responses
+are in, late feedback one drop; nothing is lost, and a
 sample repeated by at-least-once delivery carries the same id (the trainer keeps one)."""
 
 from __future__ import annotations
@@ -58,6 +59,10 @@ def test_a_killed_joiner_restarts_and_turns_every_rating_into_one_sample(bus_set
     for i, receipt in enumerate(receipts):
         producer.send(topics.feedback, rating(i, receipt), key=receipt)
     producer.send(topics.feedback, rating(99, "resp-never", at=int(time.time() * 1000) - 60_000), key="resp-never")
+    # a preference between a served response and one that comes only after the kill
+    preference = FeedbackReceived(feedback_id="fb-p", kind="preference", response_ids=["resp-0", "resp-4"],
+                                  preferred_index=1, source="chat-app")
+    producer.send(topics.feedback, preference, key=preference.key)
     producer.flush()
 
     joiner = start_joiner(bus_settings, topics.prefix, config)
@@ -85,10 +90,13 @@ def test_a_killed_joiner_restarts_and_turns_every_rating_into_one_sample(bus_set
     events = outputs(log, topics)
     samples = [e for e in events if isinstance(e, ScoredRollout)]
     drops = [e for e in events if isinstance(e, RolloutsDropped)]
-    assert {s.rollout.rollout_id for s in samples} == {f"fb-{i}" for i in range(6)}, (out, err[-2000:])  # nothing lost
+    assert {s.rollout.rollout_id for s in samples} == {f"fb-{i}" for i in range(6)} | {"fb-p"}, (out, err[-2000:])
     repeated = sum(n - 1 for n in Counter(s.rollout.rollout_id for s in samples).values())
     assert repeated <= 3, "at-least-once may repeat a batch, never multiply the stream"
     assert [(d.rollout_ids, d.reason) for d in drops] == [(["fb-99"], "unjoinable")]
     by_id = {s.rollout.rollout_id: s for s in samples}
     assert by_id["fb-4"].rollout.completion_token_ids == served().call.completion_token_ids
     assert by_id["fb-4"].reward == (4 % 3 - 1) and by_id["fb-4"].advantage == by_id["fb-4"].reward  # baseline none
+    pair = by_id["fb-p"]  # waited at resp-0 through the kill; completed when resp-4's record came
+    assert pair.objective == "preference" and pair.production.response_ids == ["resp-0", "resp-4"]
+    assert (pair.rollout.task_id, pair.rejected.task_id) == ("resp-4", "resp-0")

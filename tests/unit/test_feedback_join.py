@@ -8,8 +8,8 @@ import pytest
 from builders import served
 from pydantic import ValidationError
 
-from rollwire.schemas import FeedbackReceived, RolloutsDropped, ScoredRollout
-from rollwire.streams.feedback_join import FeedbackJoiner, FeedbackJoinSettings, SourceBaseline
+from rollwire.schemas import FeedbackJoinState, FeedbackReceived, InferenceCall, RolloutsDropped, ScoredRollout
+from rollwire.streams.feedback_join import ChatTemplateRenderer, FeedbackJoiner, FeedbackJoinSettings, SourceBaseline
 
 T0 = 1_790_000_000_000
 
@@ -74,8 +74,9 @@ def test_late_unsupported_and_receiptless_feedback_is_dropped_with_a_reason():
 
     correction = FeedbackReceived(feedback_id="fb-c", kind="correction", correction="21", response_id="resp-1",
                                   source="chat-app")
-    refused = joiner.on_feedback(None, correction, {}, now=T0)
+    refused = joiner.on_feedback(joiner.on_served(None, served(), {}).state, correction, {}, now=T0)
     assert [(d.reason, d.rollout_ids) for d in refused.events] == [("invalid", ["fb-c"])]
+    assert "tokenizer" in refused.events[0].detail  # no renderer: corrections cannot be tokenized
     elsewhere = FeedbackReceived(feedback_id="fb-e", kind="rating", rating=1, source="chat-app",
                                  messages=[{"role": "user", "content": "hi"}])
     assert joiner.on_feedback(None, elsewhere, {}).events[0].reason == "unjoinable"
@@ -87,3 +88,101 @@ def test_late_unsupported_and_receiptless_feedback_is_dropped_with_a_reason():
 def test_an_unknown_baseline_is_refused_when_the_settings_load():
     with pytest.raises(ValidationError, match="source_mean"):
         FeedbackJoinSettings(baseline="sourcemean")
+
+
+@pytest.fixture(scope="module")
+def char_model(tmp_path_factory):
+    """A directory holding the tiny character tokenizer and its ChatML template."""
+    from rollwire.trainer.tiny import build_char_tokenizer
+    folder = tmp_path_factory.mktemp("tokenizer")
+    build_char_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def chat_served(tokenizer, receipt: str, messages, answer: str, *, at: int = T0, version: int = 3):
+    """A served chat response as vLLM would record it: the prompt rendered by the template, then the answer."""
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)["input_ids"]
+    completion = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    call = InferenceCall(prompt_token_ids=prompt, completion_token_ids=completion,
+                         completion_logprobs=[-0.5] * len(completion),
+                         weight_versions=[{"version": version, "start": 0, "end": len(completion)}])
+    return served(response_id=receipt, messages=messages, call=call, completion=answer, served_at_ms=at)
+
+
+def test_a_correction_becomes_an_sft_sample_rendered_with_the_served_chat_template(char_model):
+    renderer = ChatTemplateRenderer(str(char_model))
+    tokenizer = renderer.tokenizer
+    joiner = FeedbackJoiner(FeedbackJoinSettings(tokenizer=str(char_model)), renderer)
+    conversation = [{"role": "user", "content": "R:123>"}]
+    response = chat_served(tokenizer, "resp-1", conversation, "312")
+    item = FeedbackReceived(feedback_id="fb-c", kind="correction", correction="321", response_id="resp-1",
+                            source="chat-app", received_at_ms=T0 + 50)
+    waiting = joiner.on_feedback(None, item, {}, now=T0)  # before its response: it waits
+    assert waiting.events == [] and waiting.state.waiting == [item]
+    [sample] = joiner.on_served(waiting.state, response, {}, now=T0 + 1).events
+    assert isinstance(sample, ScoredRollout) and sample.objective == "sft" and sample.advantage is None
+    rollout = sample.rollout
+    assert rollout.prompt_token_ids == response.call.prompt_token_ids  # the served prompt, not trained
+    assert tokenizer.decode(rollout.completion_token_ids) == "321<|im_end|>"  # the template's turn, to its end token
+    assert rollout.loss_mask == [1] * 4 and rollout.completion_logprobs == [0.0] * 4 and rollout.weight_versions == []
+    assert sample.production.served_at_ms == T0 and sample.production.response_ids == ["resp-1"]
+
+    # served elsewhere: the conversation the app sent is rendered the same way, nothing to wait for
+    elsewhere = item.model_copy(update={"feedback_id": "fb-e", "response_id": None, "messages": conversation})
+    [direct] = joiner.on_feedback(None, elsewhere, {}, now=T0).events
+    assert direct.rollout.completion_token_ids == rollout.completion_token_ids and direct.production.response_ids == []
+    # a plain completion: the corrected text, then end of sequence
+    completion = response.model_copy(update={"endpoint": "completion", "messages": [], "prompt": "R:123>",
+                                              "response_id": "resp-2"})
+    text = item.model_copy(update={"feedback_id": "fb-t", "response_id": "resp-2"})
+    [plain] = joiner.on_served(joiner.on_feedback(None, text, {}).state, completion, {}).events
+    assert tokenizer.decode(plain.rollout.completion_token_ids) == "321<|eos|>"
+    # a template that does not give back the served prompt (another model's tokenizer): refused, not mis-trained
+    other = response.model_copy(update={"response_id": "resp-3", "call": response.call.model_copy(
+        update={"prompt_token_ids": [1, *response.call.prompt_token_ids]})})
+    wrong = item.model_copy(update={"feedback_id": "fb-w", "response_id": "resp-3"})
+    [drop] = joiner.on_served(joiner.on_feedback(None, wrong, {}).state, other, {}).events
+    assert drop.reason == "invalid" and "does not reproduce the served prompt" in drop.detail
+
+
+def test_a_preference_waits_for_both_responses_in_either_order_and_pairs_them_chosen_first(char_model):
+    tokenizer = ChatTemplateRenderer(str(char_model)).tokenizer
+    joiner = FeedbackJoiner(FeedbackJoinSettings())
+    conversation = [{"role": "user", "content": "R:12>"}]
+    first = chat_served(tokenizer, "resp-a", conversation, "21", at=T0)
+    second = chat_served(tokenizer, "resp-b", conversation, "2", at=T0 + 5, version=4)
+    pick_b = FeedbackReceived(feedback_id="fb-p", kind="preference", response_ids=["resp-a", "resp-b"],
+                              preferred_index=1, source="chat-app")
+    served_records: dict[str, object] = {}
+
+    # the first response, then the preference, then the second: it waits at resp-a, resp-b holds a pointer
+    at_a = joiner.on_served(None, first, {}).state
+    served_records["resp-a"] = first
+    step = joiner.on_feedback(at_a, pick_b, {}, lookup=served_records.get)
+    assert step.events == [] and step.partner == ("resp-b", "resp-a")
+    at_b = FeedbackJoinState(response_id="resp-b", partners=["resp-a"])
+    arrived = joiner.on_served(at_b, second, {})
+    assert arrived.retry == ["resp-a"] and arrived.state.partners == []
+    served_records["resp-b"] = second
+    [pair] = joiner.on_partner(step.state, {}, served_records.get).events
+    assert pair.objective == "preference" and pair.rollout.completion_token_ids == second.call.completion_token_ids
+    assert pair.rejected.completion_token_ids == first.call.completion_token_ids
+    assert pair.rollout.completion_logprobs == second.call.completion_logprobs  # the reference
+    assert pair.production.response_ids == ["resp-a", "resp-b"] and pair.production.served_at_ms == T0
+
+    # the other order: both served first, the preference completes at once
+    [again] = joiner.on_feedback(at_a, pick_b.model_copy(update={"feedback_id": "fb-q"}), {},
+                                 lookup=served_records.get).events
+    assert again.rejected.rollout_id == "fb-q-rejected"
+
+    # different prompts, one receipt twice, texts served elsewhere: refused with the reason
+    other_prompt = chat_served(tokenizer, "resp-c", [{"role": "user", "content": "R:9>"}], "9")
+    served_records["resp-c"] = other_prompt
+    mixed = pick_b.model_copy(update={"feedback_id": "fb-m", "response_ids": ["resp-a", "resp-c"]})
+    assert "different prompts" in joiner.on_feedback(at_a, mixed, {}, lookup=served_records.get).events[0].detail
+    same = pick_b.model_copy(update={"feedback_id": "fb-s", "response_ids": ["resp-a", "resp-a"]})
+    assert "two different responses" in joiner.on_feedback(at_a, same, {}).events[0].detail
+    texts = FeedbackReceived(feedback_id="fb-t", kind="preference", candidates=["21", "2"], preferred_index=0,
+                             source="chat-app", messages=conversation)
+    [drop] = joiner.on_feedback(None, texts, {}).events
+    assert drop.reason == "unjoinable" and "sampler logprobs" in drop.detail
