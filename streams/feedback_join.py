@@ -342,6 +342,6 @@ class ChatTemplateRenderer:
         """Cuts what a template writes after the turn's end token (a newline between turns): the
         model never samples it, generation stops at the end token."""
         ends = [i for i, t in enumerate(ids) if t in self._specials]
-        if ends and not self.tokenizer.decode(ids[ends[-1] + 1:]).strip():
+        if ends and not str(self.tokenizer.decode(ids[ends[-1] + 1:])).strip():
             return ids[:ends[-1] + 1]
         return ids
