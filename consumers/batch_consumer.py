@@ -8,9 +8,9 @@ The consumer does not commit to a consumer group: the trainer's checkpoint holds
 nor repeats a rollout. Each rollout ends up in exactly one of:
 
     a batch        trained at the next step
-    drops[reason]  `stale` (oldest sampling version more than `max_off_policy` behind; for a
-                   production sample: served more than `ProductionMix.max_age_s` ago) —
-                   reported with the next step
+    drops[key]     `stale` (oldest sampling version more than `max_off_policy` behind),
+                   `stale_production` (a production sample served more than
+                   `ProductionMix.max_age_s` ago) — reported with the next step
     dead letter    token ids outside the vocabulary, no trainable token
     duplicates     the same rollout id again (the scorer delivers at least once): ignored
 """
@@ -31,10 +31,12 @@ from rollwire.schemas.rollout import ScoredRollout
 from rollwire.schemas.topics import Topics
 from rollwire.schemas.training import RolloutsDropped, Staleness
 
-STALE_DETAIL = {
-    "environment": "more than {max_off_policy} versions behind the trainer",
-    "production": "served more than {max_age_s:g} s ago",
+DROP_DETAIL = {
+    "stale": "more than {max_off_policy} versions behind the trainer",
+    "stale_production": "served more than {max_age_s:g} s ago",
 }
+"""Why samples were dropped, by key of `drops`: environment rollouts and production samples
+apart, so that the dispatcher counts back only its own."""
 
 
 class BatchSettings(BaseModel):
@@ -116,8 +118,6 @@ class BatchConsumer:
         self.consumer = EventConsumer(reader, DeadLetters(self.producer, name))
         self.seen = collections.OrderedDict((rid, None) for rid in seen)
         self.drops: dict[str, list[str]] = collections.defaultdict(list)
-        self.stale_kinds: set[str] = set()
-        """Which kinds of sample (`environment`, `production`) the stale drops since the last report hold."""
         self.counts: collections.Counter[str] = collections.Counter()
         self._pending: collections.deque = collections.deque()
         self._read: dict[tuple[str, int], int] = {}
@@ -198,8 +198,7 @@ class BatchConsumer:
             self.counts["dead_lettered"] += 1
             return
         if self._stale(scored, policy_version, now_ms()):
-            self.drops["stale"].append(rollout.rollout_id)
-            self.stale_kinds.add("production" if scored.production else "environment")
+            self.drops["stale_production" if scored.production else "stale"].append(rollout.rollout_id)
             self.counts["stale"] += 1
             return
         self._pending.append(delivery)
@@ -209,8 +208,8 @@ class BatchConsumer:
         now = now_ms()
         for delivery in self._pending:
             if self._stale(delivery.event, policy_version, now):
-                self.drops["stale"].append(delivery.event.rollout.rollout_id)
-                self.stale_kinds.add("production" if delivery.event.production else "environment")
+                self.drops["stale_production" if delivery.event.production else "stale"].append(
+                    delivery.event.rollout.rollout_id)
                 self.counts["stale"] += 1
             else:
                 keep.append(delivery)
@@ -245,10 +244,9 @@ class BatchConsumer:
 
     def drops_event(self, drops: dict[str, list[str]]) -> list[RolloutsDropped]:
         values = {"max_off_policy": self.settings.max_off_policy, "max_age_s": self.mix.max_age_s}
-        detail = " or ".join(STALE_DETAIL[kind].format(**values) for kind in sorted(self.stale_kinds))
-        self.stale_kinds = set()
-        return [RolloutsDropped(rollout_ids=ids, reason=reason, stage="trainer", detail=detail)
-                for reason, ids in drops.items() if ids]
+        return [RolloutsDropped(rollout_ids=ids, reason="stale", stage="trainer", detail=DROP_DETAIL[key].format(**values),
+                                production=key.endswith("_production"))
+                for key, ids in drops.items() if ids]
 
     def accounted_ids(self) -> list[str]:
         """Recent rollout ids that a step has accounted for (pending ones excluded: after a restart

@@ -42,6 +42,7 @@ from rollwire.producers.tasksets import TASKSETS, Taskset
 from rollwire.schemas.deadletter import DeadLetter
 from rollwire.schemas.envelope import Codec
 from rollwire.schemas.errors import SchemaError
+from rollwire.schemas.feedback import PRODUCTION_GROUP_PREFIX
 from rollwire.schemas.rollout import SamplingParams, TaskAssigned
 from rollwire.schemas.topics import Topics
 from rollwire.schemas.training import RolloutsDropped, TrainStepCompleted
@@ -123,11 +124,11 @@ class Dispatcher:
             deliveries += more
         for delivery in deliveries:
             event = delivery.event
-            if isinstance(event, TrainStepCompleted):
-                self.accounted += len(event.rollout_ids)
+            if isinstance(event, TrainStepCompleted):  # production samples were never issued here
+                self.accounted += len(event.rollout_ids) - event.samples.get("production", 0)
                 self.policy_version = max(self.policy_version, event.policy_version)
             elif isinstance(event, RolloutsDropped):
-                self.accounted += len(event.rollout_ids)
+                self.accounted += 0 if event.production else len(event.rollout_ids)
             elif isinstance(event, WeightsPublished):
                 self.published_version = max(self.published_version, event.version)
             elif isinstance(event, ReplicaStatus):
@@ -146,6 +147,8 @@ class Dispatcher:
         if where in self._letters_seen:
             return
         self._letters_seen.add(where)
+        if letter.source_topic == self.topics.scored and (letter.key or b"").startswith(PRODUCTION_GROUP_PREFIX.encode()):
+            return
         if letter.source_topic in (self.topics.rollouts, self.topics.scored):
             count = 1
         elif letter.source_topic == self.topics.tasks and letter.raw_size == len(letter.raw):

@@ -11,6 +11,10 @@ from pydantic import Field, model_validator
 
 from rollwire.schemas.base import Event, new_id, now_ms
 
+PRODUCTION_GROUP_PREFIX = "feedback-"
+"""Before the receipt in the group id (and `scored` key) of a sample made from production feedback:
+never the start of a group id the dispatcher issues (those are 32 hex digits)."""
+
 
 class FeedbackReceived(Event):
     """A user's judgement of one model response in production.

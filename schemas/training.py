@@ -81,9 +81,9 @@ class RolloutsDropped(Event):
     accounting and the run display.
     """
 
-    SCHEMA_VERSION: ClassVar[int] = 2
-    """2 added the feedback joiner's reason `unjoinable` and stage `feedback joiner`; a version-1
-    payload is valid as it is."""
+    SCHEMA_VERSION: ClassVar[int] = 3
+    """2 added the feedback joiner's reason `unjoinable` and stage `feedback joiner`; 3 added
+    `production`. Older payloads are valid as they are."""
 
     type: Literal["rollouts.dropped"] = "rollouts.dropped"
     rollout_ids: list[str]
@@ -96,3 +96,6 @@ class RolloutsDropped(Event):
     """Which component dropped them."""
     detail: str = ""
     """Specifics, e.g. `lag 5 > max_off_policy 4`."""
+    production: bool = False
+    """The dropped samples came from production feedback, not from the dispatcher's tasks (which
+    counts back only its own)."""

@@ -36,7 +36,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from rollwire.registry import Registry
 from rollwire.schemas.base import Event, now_ms
-from rollwire.schemas.feedback import FeedbackReceived
+from rollwire.schemas.feedback import PRODUCTION_GROUP_PREFIX, FeedbackReceived
 from rollwire.schemas.joiner import FeedbackJoinState, SourceBaseline
 from rollwire.schemas.rollout import ProductionOrigin, RolloutCompleted, ScoredRollout
 from rollwire.schemas.serving import ResponseServed
@@ -248,7 +248,7 @@ class FeedbackJoiner:
         if not response:
             return self._drop(item, "invalid", "the correction renders to no tokens")
         rollout = RolloutCompleted(
-            rollout_id=item.feedback_id, group_id=f"feedback-{receipt_of(item) or item.feedback_id}",
+            rollout_id=item.feedback_id, group_id=PRODUCTION_GROUP_PREFIX + (receipt_of(item) or item.feedback_id),
             task_id=receipt_of(item) or item.feedback_id, environment=f"feedback/{item.source}",
             algorithm=self.settings.algorithm, group_size=1, sample_index=0, prompt_token_ids=prompt,
             completion_token_ids=response, completion_logprobs=[0.0] * len(response), loss_mask=[1] * len(response),
@@ -269,7 +269,7 @@ class FeedbackJoiner:
     def _served_rollout(self, item: FeedbackReceived, served: ResponseServed, rollout_id: str) -> RolloutCompleted:
         call = served.call
         return RolloutCompleted(
-            rollout_id=rollout_id, group_id=f"feedback-{served.response_id}", task_id=served.response_id,
+            rollout_id=rollout_id, group_id=PRODUCTION_GROUP_PREFIX + served.response_id, task_id=served.response_id,
             environment=f"feedback/{item.source}", algorithm=self.settings.algorithm, group_size=1, sample_index=0,
             prompt_token_ids=call.prompt_token_ids, completion_token_ids=call.completion_token_ids,
             completion_logprobs=call.completion_logprobs, loss_mask=[1] * len(call.completion_token_ids),
@@ -288,7 +288,7 @@ class FeedbackJoiner:
     @staticmethod
     def _drop(item: FeedbackReceived, reason: str, detail: str) -> RolloutsDropped:
         return RolloutsDropped(rollout_ids=[item.feedback_id], group_id=receipt_of(item) or item.feedback_id,
-                               reason=reason, stage="feedback joiner", detail=detail)
+                               reason=reason, stage="feedback joiner", detail=detail, production=True)
 
 
 def receipt_of(item: FeedbackReceived) -> str | None:

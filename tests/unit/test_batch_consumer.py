@@ -52,8 +52,9 @@ def test_production_feedback_fills_at_most_its_share_of_a_batch_and_expires_by_a
     first = consumer.next_batch(policy_version=40)
     assert [s.rollout.rollout_id for s in first.rollouts] == ["f0", "r10", "r11", "r12"]  # one of four: the share
     assert first.staleness.max == 0  # production samples do not count in the version lag
-    assert first.drops == {"stale": ["f9"]}
-    assert consumer.drops_event(first.drops)[0].detail == "served more than 3600 s ago"
+    assert first.drops == {"stale_production": ["f9"]}
+    [dropped] = consumer.drops_event(first.drops)
+    assert dropped.detail == "served more than 3600 s ago" and dropped.production and dropped.reason == "stale"
     second = consumer.next_batch(policy_version=40)
     assert [s.rollout.rollout_id for s in second.rollouts] == ["f1", "r13", "r14", "r15"]
     # no environment rollouts left: the production samples wait rather than fill a batch

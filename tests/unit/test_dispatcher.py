@@ -30,6 +30,15 @@ def test_the_dispatcher_issues_only_what_the_trainer_can_take_in_time(tmp_path):
     trainer.send(topics.drops, RolloutsDropped(rollout_ids=["r6", "r7"], reason="stale", stage="trainer"), key="g")
     trainer.flush()
     assert dispatcher.step() == 2 and dispatcher.policy_version == 1
+    # production feedback trained or dropped was never issued here: it frees nothing
+    trainer.send(topics.train, TrainStepCompleted(step=2, policy_version=2, rollout_ids=["f0", "f1"],
+                                                  samples={"sft": 2, "production": 2}), key="policy")
+    trainer.send(topics.drops, RolloutsDropped(rollout_ids=["f2"], reason="stale", stage="trainer", production=True),
+                 key="g")
+    trainer.send(topics.drops, RolloutsDropped(rollout_ids=["f3"], reason="unjoinable", stage="feedback joiner",
+                                               production=True), key="g")
+    trainer.flush()
+    assert dispatcher.step() == 0 and dispatcher.in_flight == 16
     dispatcher.close()
 
     restarted = Dispatcher(log, topics, mix, BatchSettings(max_off_policy=1, batch_rollouts=8))
