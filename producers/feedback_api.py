@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 TOKENS_VARIABLE = "ROLLWIRE_FEEDBACK_TOKENS"
 """Bearer tokens from the environment: `SOURCE=TOKEN,SOURCE=TOKEN`."""
 
-SERVER_SET = ("type", "received_at_ms")
+SERVER_SET = ("type", "received_at_ms", "traceparent")
 """Fields of the event the server fills in; an item that sets them is refused."""
 
 
@@ -215,6 +215,7 @@ class Ingest:
                     "ingest feedback", attributes={"rollwire.feedback_id": event.feedback_id,
                                                    "rollwire.feedback.kind": event.kind,
                                                    "rollwire.feedback.source": event.source}):
+                event = event.model_copy(update={"traceparent": telemetry.current_traceparent()})
                 self.producer.send(self.topics.feedback, event, key=event.key)
         self.producer.flush(self.settings.ack_timeout_s)
 

@@ -213,3 +213,13 @@ def links_for(headers_list: Sequence[Sequence[tuple[str, bytes]]]) -> list[Link]
         if span_context.is_valid:
             links.append(Link(span_context))
     return links
+
+
+def links_to(traceparents: Sequence[str | None]) -> list[Link]:
+    """One link per stored W3C traceparent that names a valid span (None and malformed ones skipped)."""
+    links = []
+    for traceparent in traceparents:
+        span_context = trace.get_current_span(context_from_traceparent(traceparent)).get_span_context()
+        if traceparent and span_context.is_valid:
+            links.append(Link(span_context))
+    return links

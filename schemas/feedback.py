@@ -55,6 +55,9 @@ class FeedbackReceived(Event):
     """For `preference`: which of two candidate responses the user chose (0 or 1)."""
     received_at_ms: int = Field(default_factory=now_ms)
     """When the app received the feedback (epoch ms)."""
+    traceparent: str | None = None
+    """W3C trace context of the span that took the item in (set by the ingestion API): the samples
+    the joiner makes continue this trace, linked to the served responses' traces."""
 
     @model_validator(mode="after")
     def _has_judgement(self) -> FeedbackReceived:

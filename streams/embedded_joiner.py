@@ -25,10 +25,13 @@ by receipt, so the joiner does not split across processes yet.
 from __future__ import annotations
 
 import collections
+import contextlib
 import heapq
 import logging
 import time
+from collections.abc import Iterator
 
+from rollwire import telemetry
 from rollwire.bus import DeadLetters, EventConsumer, EventLog, EventProducer
 from rollwire.schemas.base import Event, now_ms
 from rollwire.schemas.envelope import Codec
@@ -148,13 +151,28 @@ class EmbeddedJoiner(InProcessDriver):
             if partner in self.states:
                 self._apply(partner, self.joiner.on_partner(self.states[partner], self.baselines, self._served))
 
+    @contextlib.contextmanager
+    def _join_span(self, sample: ScoredRollout) -> Iterator[None]:
+        """`join feedback`: in the feedback's trace (from the ingestion API to the trainer step that
+        trains the sample), linked to the trace of each response it judges."""
+        if not telemetry.tracing() or sample.production is None:
+            yield
+            return
+        served = [self._served(receipt) for receipt in sample.production.response_ids]
+        links = telemetry.links_to([s.traceparent for s in served if s is not None])
+        with telemetry.continued(sample.rollout.traceparent), telemetry.tracer().start_as_current_span(
+                "join feedback", links=links, attributes={"rollwire.feedback_id": sample.production.feedback_id,
+                                                          "rollwire.objective": sample.objective}):
+            yield
+
     def _served(self, receipt: str) -> ResponseServed | None:
         state = self.states.get(receipt)
         return state.served if state is not None else None
 
     def _send(self, event: Event) -> None:
         if isinstance(event, ScoredRollout):
-            self.producer.send(self.topics.scored, event, key=event.rollout.group_id)
+            with self._join_span(event):
+                self.producer.send(self.topics.scored, event, key=event.rollout.group_id)
             self.stats["samples"] += 1
         else:
             self.producer.send(self.topics.drops, event, key=getattr(event, "group_id", None) or "feedback")

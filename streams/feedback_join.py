@@ -23,7 +23,8 @@ came first and waits for it (at most `window_s`), and the feedback ids already t
                 and the driver retries those partners when it arrives (`JoinStep.retry`).
 
 Ratings and preferences about responses served elsewhere carry no sampler logprobs to correct or
-refer to; they are dropped with that reason.
+refer to; they are dropped with that reason. A sample's `traceparent` is its feedback's (the
+ingestion API's span): the driver sends it in that trace, linked to the served responses' traces.
 """
 
 from __future__ import annotations
@@ -252,7 +253,7 @@ class FeedbackJoiner:
             task_id=receipt_of(item) or item.feedback_id, environment=f"feedback/{item.source}",
             algorithm=self.settings.algorithm, group_size=1, sample_index=0, prompt_token_ids=prompt,
             completion_token_ids=response, completion_logprobs=[0.0] * len(response), loss_mask=[1] * len(response),
-            traceparent=served.traceparent if served else None)
+            traceparent=item.traceparent)
         return ScoredRollout(rollout=rollout, algorithm=self.settings.algorithm, reward=0.0, objective="sft",
                              production=_origin(item, served))
 
@@ -273,7 +274,7 @@ class FeedbackJoiner:
             environment=f"feedback/{item.source}", algorithm=self.settings.algorithm, group_size=1, sample_index=0,
             prompt_token_ids=call.prompt_token_ids, completion_token_ids=call.completion_token_ids,
             completion_logprobs=call.completion_logprobs, loss_mask=[1] * len(call.completion_token_ids),
-            weight_versions=call.weight_versions, traceparent=served.traceparent)
+            weight_versions=call.weight_versions, traceparent=item.traceparent)
 
     def _elsewhere(self, item: FeedbackReceived) -> Event:
         """Feedback on a response rollwire did not serve."""

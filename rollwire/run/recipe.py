@@ -23,7 +23,10 @@ from rollwire.errors import ConfigError
 from rollwire.objectstore import LocalStoreSettings, StoreSettings
 from rollwire.producers.dispatcher import DispatcherSettings, EnvironmentMix
 from rollwire.producers.env_worker import EnvWorkerSettings
+from rollwire.producers.feedback_api import FeedbackApiSettings
+from rollwire.producers.gateway import GatewaySettings
 from rollwire.producers.tasksets import check_taskset
+from rollwire.streams.feedback_join import FeedbackJoinSettings
 from rollwire.streams.scoring import ScorerSettings
 from rollwire.telemetry import TelemetrySettings
 from rollwire.trainer.settings import TrainerSettings, WarmStartSettings
@@ -105,6 +108,21 @@ class InferenceRecipe(VllmServerSettings):
     """Filled in from `[model]`; leave unset."""
 
 
+class FeedbackRecipe(_Section):
+    """Production feedback in the run: `enabled = true` starts the serving gateway in front of the
+    replica (`rollwire serve`), the feedback ingestion API (`rollwire feedback serve`) and the
+    joiner (`rollwire join`). The trainer mixes what they make into its batches by `[trainer.feedback]`."""
+
+    enabled: bool = False
+    """Start the gateway, the ingestion API and the joiner."""
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings)
+    """The serving gateway (`[feedback.gateway]`); `upstream` and `model` are the replica's, filled in."""
+    ingest: FeedbackApiSettings = Field(default_factory=FeedbackApiSettings)
+    """The feedback ingestion API (`[feedback.ingest]`)."""
+    join: FeedbackJoinSettings = Field(default_factory=FeedbackJoinSettings)
+    """The joiner (`[feedback.join]`); `tokenizer` defaults to the policy's."""
+
+
 class RunRecipe(_Section):
     """Everything `rollwire run` starts. Each table is a component's own settings model."""
 
@@ -142,6 +160,8 @@ class RunRecipe(_Section):
     """Weights: `type = "local"` (default root `<run_dir>/weights`) or `"s3"`."""
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     """Where spans go (`exporter = "otlp"`, `"console"`, `"file"` with `file_path`, or `"none"`)."""
+    feedback: FeedbackRecipe = Field(default_factory=FeedbackRecipe)
+    """Production traffic and its feedback as training data (off by default)."""
 
     @model_validator(mode="after")
     def _resolve(self) -> RunRecipe:
@@ -160,6 +180,8 @@ class RunRecipe(_Section):
         if self.inference.log_path is None:
             inference["log_path"] = self.run_dir / "logs" / "vllm.log"
         self.inference = self.inference.model_copy(update=inference)
+        if not self.feedback.join.tokenizer:
+            self.feedback.join = self.feedback.join.model_copy(update={"tokenizer": self.base_model})
         self._check_tied_embeddings()
         names = [e.name for e in self.environments]
         if self.warm_start.steps and self.warm_start.environment not in (None, *names):

@@ -5,6 +5,9 @@
     trainer      until the recipe's last step         (rollwire.trainer.loop)
     env-worker   tasks -> rollouts through the replica (rollwire.producers.env_worker)
     dispatcher   tasks, paced by the off-policy budget (rollwire.producers.dispatcher)
+    gateway      `rollwire serve` in front of the replica  (rollwire.producers.gateway)    [feedback]
+    feedback-api `rollwire feedback serve`                 (rollwire.producers.feedback_api) [feedback]
+    joiner       `rollwire join`                           (rollwire.streams.embedded_joiner) [feedback]
 
 The supervisor (`rollwire.run.supervisor`) starts these; each reads its settings from the
 resolved recipe and stops cleanly on SIGTERM (Ctrl-C reaches only the supervisor).
@@ -24,7 +27,7 @@ from rollwire.processes import configure_logging, stop_on_sigterm
 from rollwire.run.recipe import RunRecipe
 from rollwire.schemas.topics import Topics
 
-ROLES = ("replica", "scorer", "trainer", "env-worker", "dispatcher")
+ROLES = ("replica", "scorer", "trainer", "env-worker", "dispatcher", "gateway", "feedback-api", "joiner")
 
 
 def base_url(recipe: RunRecipe) -> str:
@@ -91,8 +94,29 @@ def run_dispatcher(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
         dispatcher.close()
 
 
+def run_gateway(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
+    from rollwire.producers.gateway import serve
+    serve(log, topics, recipe.feedback.gateway)
+
+
+def run_feedback_api(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
+    from rollwire.producers.feedback_api import serve
+    serve(log, topics, recipe.feedback.ingest)
+
+
+def run_joiner(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
+    from rollwire.streams.embedded_joiner import EmbeddedJoiner
+    from rollwire.streams.feedback_join import FeedbackJoiner
+    joiner = EmbeddedJoiner(log, topics, FeedbackJoiner.from_settings(recipe.feedback.join))
+    try:
+        joiner.run()
+    finally:
+        joiner.close()
+
+
 RUNNERS = {"replica": run_replica, "scorer": run_scorer, "trainer": run_trainer, "env-worker": run_env_worker,
-           "dispatcher": run_dispatcher}
+           "dispatcher": run_dispatcher, "gateway": run_gateway, "feedback-api": run_feedback_api,
+           "joiner": run_joiner}
 
 
 def main(argv: list[str] | None = None) -> int:

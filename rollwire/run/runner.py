@@ -3,7 +3,8 @@
     # Step 1  resolve the recipe; write <run_dir>/recipe.json (every component reads it)
     # Step 2  the policy's version 0: build the tiny model and warm-start it, unless it exists
     # Step 3  start the replica (vLLM) and wait until it answers
-    # Step 4  start scorer, trainer, env workers, dispatcher
+    # Step 4  start scorer, trainer, env workers, dispatcher; with [feedback], the joiner, the
+    #         feedback ingestion API and the serving gateway
     # Step 5  follow the run's events: live display, metrics JSONL; restart crashed components
     # Step 6  when the trainer has done its last step (or on Ctrl-C): stop everything in order,
     #         draw the reward curve, print first-10 and last-10 mean reward
@@ -50,6 +51,13 @@ def resolve(recipe: RunRecipe) -> Path:
     recipe.run_dir.mkdir(parents=True, exist_ok=True)
     if recipe.inference.port == 0:
         recipe.inference.port = free_port()
+    feedback = recipe.feedback
+    if feedback.enabled:
+        for service in (feedback.gateway, feedback.ingest):
+            if service.port == 0:
+                service.port = free_port()
+        feedback.gateway.upstream = base_url(recipe)
+        feedback.gateway.model = recipe.inference.served_model_name
     path = recipe.run_dir / "recipe.json"
     path.write_text(recipe.model_dump_json(indent=1))
     return path
@@ -126,6 +134,8 @@ def run(recipe: RunRecipe, *, metrics_out: Path | None = None, console: Console 
         for index in range(recipe.env_workers.count):
             supervisor.start("env-worker", index)
         supervisor.start("dispatcher")
+        if recipe.feedback.enabled:
+            _start_feedback(supervisor, recipe, console)
         # Step 5
         _follow(supervisor, progress, recipe, console)
     except KeyboardInterrupt:
@@ -148,6 +158,16 @@ def run(recipe: RunRecipe, *, metrics_out: Path | None = None, console: Console 
                        plot_path, interrupted, time.monotonic() - started)
     _report(result, console)
     return result
+
+
+def _start_feedback(supervisor: Supervisor, recipe: RunRecipe, console: Console) -> None:
+    """Step 4 for production feedback: the joiner, the ingestion API, the gateway."""
+    for role in ("joiner", "feedback-api", "gateway"):
+        supervisor.start(role)
+    gateway, ingest = recipe.feedback.gateway, recipe.feedback.ingest
+    console.print(f"production: OpenAI API at http://{gateway.host}:{gateway.port}/v1 (model {gateway.model!r}), "
+                  f"feedback at http://{ingest.host}:{ingest.port}/v1/feedback; the trainer takes up to "
+                  f"{100 * recipe.trainer.feedback.share:.0f}% of each batch from it")
 
 
 def _follow(supervisor: Supervisor, progress: RunProgress, recipe: RunRecipe, console: Console) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from rollwire.errors import RollwireError
 from rollwire.processes import die_with_parent
 
-STOP_ORDER = ("dispatcher", "env-worker", "scorer", "trainer", "replica")
+STOP_ORDER = ("gateway", "feedback-api", "dispatcher", "env-worker", "joiner", "scorer", "trainer", "replica")
 """Whoever makes work stops first, so nothing downstream waits for what will not come."""
 
 

@@ -13,77 +13,20 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 
+from runs import finish, metrics_rows, recipe_file, start_run
+
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1800)]  # whole runs, each its own vLLM
-
-SHORT = """
-name = "{name}"
-steps = {steps}
-
-[model.tiny]
-seed = 1
-
-[warm_start]
-steps = 40
-
-[[environments]]
-name = "reverse-digits"
-algorithm = "grpo-nostd"
-group_size = 4
-options = {{ seed = 3 }}
-sampling = {{ temperature = 1.0, max_tokens = 8 }}
-
-[env_workers]
-concurrency = 8
-
-[trainer.batch]
-batch_rollouts = 16
-max_off_policy = 1
-
-[telemetry]
-exporter = "file"
-"""
-
-
-def _recipe(folder: Path, name: str, steps: int) -> Path:
-    path = folder / f"{name}.toml"
-    path.write_text(SHORT.format(name=name, steps=steps))
-    return path
-
-
-def _start(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "rollwire", "run", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "200"})
-
-
-def _finish(process: subprocess.Popen, timeout_s: float) -> str:
-    """Waits for `rollwire run` to end; if the test gives up first, stops it as Ctrl-C would, then kills."""
-    try:
-        return process.communicate(timeout=timeout_s)[0]
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                for child in psutil.Process(process.pid).children(recursive=True):
-                    child.kill()
-                process.kill()
-
-
-def _metrics(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def _wait_for_steps(process: subprocess.Popen, metrics: Path, steps: int, timeout_s: float = 400) -> None:
     deadline = time.monotonic() + timeout_s
-    while len(_metrics(metrics)) < steps:
+    while len(metrics_rows(metrics)) < steps:
         assert process.poll() is None, f"rollwire run exited early:\n{process.stdout.read()}"
         assert time.monotonic() < deadline, f"no {steps} steps within {timeout_s} s"
         time.sleep(1.0)
@@ -115,8 +58,8 @@ def interrupted_run(tmp_path_factory) -> dict:
     """Runs 8 steps in two parts: SIGINT after step 3 (the scorer `kill -9`ed before), then a resume."""
     folder = tmp_path_factory.mktemp("run")
     run_dir, metrics = folder / "short", folder / "short" / "metrics.jsonl"
-    recipe = _recipe(folder, "short", steps=8)
-    first = _start(str(recipe), "--run-dir", str(run_dir))
+    recipe = recipe_file(folder, "short", steps=8)
+    first = start_run(str(recipe), "--run-dir", str(run_dir))
     _wait_for_steps(first, metrics, 1)
     killed = _role_process(first, "scorer")
     killed.kill()  # the supervisor restarts it; its open groups come back from the scorer-state topic
@@ -126,12 +69,12 @@ def interrupted_run(tmp_path_factory) -> dict:
         time.sleep(0.5)
     _wait_for_steps(first, metrics, 3)
     first.send_signal(signal.SIGINT)
-    first_output = _finish(first, 120)
+    first_output = finish(first, 120)
     (folder / "first.out").write_text(first_output)
     leftovers = _processes_of(run_dir)
-    steps_at_interrupt = len(_metrics(metrics))
-    second = _start(str(recipe), "--run-dir", str(run_dir))
-    second_output = _finish(second, 600)
+    steps_at_interrupt = len(metrics_rows(metrics))
+    second = start_run(str(recipe), "--run-dir", str(run_dir))
+    second_output = finish(second, 600)
     (folder / "second.out").write_text(second_output)
     return {"run_dir": run_dir, "metrics": metrics, "first_code": first.returncode, "first_output": first_output,
             "leftovers": leftovers, "steps_at_interrupt": steps_at_interrupt, "second_code": second.returncode,
@@ -146,7 +89,7 @@ def test_ctrl_c_stops_every_component_and_the_same_command_resumes(interrupted_r
     assert run["leftovers"] == []  # no component and no vLLM server outlived Ctrl-C
     assert 3 <= run["steps_at_interrupt"] < 8
     assert run["second_code"] == 0, run["second_output"]
-    rows = _metrics(run["metrics"])
+    rows = metrics_rows(run["metrics"])
     assert [r["step"] for r in rows] == list(range(1, 9))  # rebuilt from the log: each step once
     assert all(r["rollouts"] == 16 and r["staleness_max"] <= 1 for r in rows)
     assert "metric/completion_tokens" in rows[-1] and "reward/exact_match" in rows[-1]
@@ -225,8 +168,8 @@ def test_the_same_recipe_runs_on_kafka_and_shrugs_off_garbage_on_every_topic(tmp
     metrics = tmp_path / name / "metrics.jsonl"
     # Steps after the garbage lands: the trainer holds at most max_off_policy + 1 batches ahead, so
     # later steps must read past it on every partition of `scored`.
-    recipe = _recipe(tmp_path, name, steps=8)
-    done = _start(str(recipe), "--run-dir", str(tmp_path / name), "--bus", "kafka", "--bootstrap", kafka_bootstrap)
+    recipe = recipe_file(tmp_path, name, steps=8)
+    done = start_run(str(recipe), "--run-dir", str(tmp_path / name), "--bus", "kafka", "--bootstrap", kafka_bootstrap)
     with open_log(KafkaBusSettings(bootstrap_servers=kafka_bootstrap)) as log:
         _wait_for_steps(done, metrics, 1)
         with log.producer() as producer:  # on every partition: a reader that stops early still meets one
@@ -234,9 +177,9 @@ def test_the_same_recipe_runs_on_kafka_and_shrugs_off_garbage_on_every_topic(tmp
                 for partition in range(log.partitions(f"{name}.{short}")):
                     producer.send(f"{name}.{short}", b"\xc1 not an event", key=b"garbage", partition=partition)
             producer.flush()
-        output = _finish(done, 600)
+        output = finish(done, 600)
         assert done.returncode == 0, output
-        assert [r["step"] for r in _metrics(metrics)] == list(range(1, 9))
+        assert [r["step"] for r in metrics_rows(metrics)] == list(range(1, 9))
         assert not (tmp_path / name / "log").exists()  # nothing went to the embedded log
         events = []
         with log.reader([f"{name}.train", f"{name}.weights", f"{name}.deadletter"], Beginning()) as reader:
@@ -256,10 +199,10 @@ def test_the_same_recipe_runs_on_kafka_and_shrugs_off_garbage_on_every_topic(tmp
 def test_demo_learns(tmp_path, capsys):
     """The README's run command, unchanged but for where it writes: the bundled demo."""
     run_dir = tmp_path / "demo"
-    done = _start("--run-dir", str(run_dir))
-    output = _finish(done, 1500)
+    done = start_run("--run-dir", str(run_dir))
+    output = finish(done, 1500)
     assert done.returncode == 0, output
-    rows = _metrics(run_dir / "metrics.jsonl")
+    rows = metrics_rows(run_dir / "metrics.jsonl")
     first10 = sum(r["reward_mean"] for r in rows[:10]) / 10
     last10 = sum(r["reward_mean"] for r in rows[-10:]) / 10
     minutes = (rows[-1]["time_ms"] - rows[0]["time_ms"]) / 60_000

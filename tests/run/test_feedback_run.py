@@ -1,0 +1,145 @@
+"""Production feedback through a whole `rollwire run`: a simulated production app chats through the
+run's serving gateway with the real `openai` client, posts a rating, a correction and a preference
+on the receipts it got, and the trainer trains them beside the environment's rollouts: each by its
+own objective, each traced from the feedback's POST to the trainer step, linked to the response's
+request."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from rollwire.bus import Beginning, EmbeddedBusSettings, open_log
+from rollwire.schemas import Codec
+from runs import SHORT, finish, metrics_rows, start_run
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1200)]
+
+FEEDBACK = """
+[feedback]
+enabled = true
+[feedback.gateway]
+port = 0
+[feedback.ingest]
+port = 0
+
+[trainer.feedback]
+share = 0.25
+"""
+
+
+def _recipe_json(run_dir: Path, process, timeout_s: float = 300) -> dict:
+    """The resolved recipe, once the run wrote it (the gateway's and the API's ports are chosen then)."""
+    deadline = time.monotonic() + timeout_s
+    while not (run_dir / "recipe.json").exists():
+        assert process.poll() is None and time.monotonic() < deadline, "rollwire run wrote no recipe.json"
+        time.sleep(0.5)
+    return json.loads((run_dir / "recipe.json").read_text())
+
+
+def _wait_healthy(url: str, process, timeout_s: float = 400) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert process.poll() is None, "rollwire run exited before its gateway answered"
+        assert time.monotonic() < deadline, f"{url} did not answer within {timeout_s} s"
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1.0)
+
+
+def _events(run_dir: Path, topic: str) -> list:
+    with open_log(EmbeddedBusSettings(path=run_dir / "log")) as log, log.reader([topic], Beginning()) as reader:
+        out = []
+        while batch := reader.poll_batch(1000, 0.5):
+            out += [Codec().decode(r.value).event for r in batch if r.value]
+        return out
+
+
+@pytest.fixture(scope="module")
+def feedback_run(tmp_path_factory) -> dict:
+    from openai import OpenAI
+    folder = tmp_path_factory.mktemp("feedback-run")
+    run_dir = folder / "prod"
+    recipe = folder / "prod.toml"
+    recipe.write_text(SHORT.format(name="prod", steps=8) + FEEDBACK)
+    process = start_run(str(recipe), "--run-dir", str(run_dir))
+    try:
+        resolved = _recipe_json(run_dir, process)
+        gateway, ingest = resolved["feedback"]["gateway"], resolved["feedback"]["ingest"]
+        _wait_healthy(f"http://127.0.0.1:{gateway['port']}/healthz", process)
+        _wait_healthy(f"http://127.0.0.1:{ingest['port']}/healthz", process)
+        client = OpenAI(base_url=f"http://127.0.0.1:{gateway['port']}/v1", api_key="unused-on-loopback")
+        conversation = [{"role": "user", "content": "R:4821>"}]
+        receipts = []
+        for i in range(4):  # 0: rated, 1 and 2: compared (one prompt), 3: corrected
+            raw = client.chat.completions.with_raw_response.create(
+                model=gateway["model"], messages=conversation, max_tokens=8, temperature=1.0,
+                extra_headers={"x-rollwire-conversation-id": f"conv-{i}"})
+            response = raw.parse()
+            assert raw.headers["x-rollwire-response-id"] == response.id
+            receipts.append(response.id)
+        items = [
+            {"feedback_id": "fb-rating", "source": "shop", "kind": "rating", "rating": 1.0, "response_id": receipts[0]},
+            {"feedback_id": "fb-preference", "source": "shop", "kind": "preference", "preferred_index": 1,
+             "response_ids": [receipts[1], receipts[2]]},
+            {"feedback_id": "fb-correction", "source": "shop", "kind": "correction", "correction": "1284",
+             "response_id": receipts[3]},
+        ]
+        posted = httpx.post(f"http://127.0.0.1:{ingest['port']}/v1/feedback/batch", json=items, timeout=30)
+        assert posted.status_code == 200, posted.text
+        output = finish(process, 900)
+    finally:
+        if process.poll() is None:
+            finish(process, 5)
+    (folder / "run.out").write_text(output)
+    return {"run_dir": run_dir, "code": process.returncode, "output": output, "receipts": receipts,
+            "posted": posted.json()}
+
+
+def test_feedback_from_the_gateways_receipts_is_trained_by_its_own_objective(feedback_run):
+    run_dir = feedback_run["run_dir"]
+    assert feedback_run["code"] == 0, feedback_run["output"][-3000:]
+    assert "production: OpenAI API at http://127.0.0.1:" in feedback_run["output"]
+    assert [r["status"] for r in feedback_run["posted"]["results"]] == ["stored"] * 3
+    served = {e.response_id: e for e in _events(run_dir, "prod.served")}
+    assert set(feedback_run["receipts"]) <= set(served)  # every response recorded behind its receipt
+    steps = _events(run_dir, "prod.train")
+    trained = {rid: step for step in steps for rid in step.rollout_ids}
+    assert {"fb-rating", "fb-preference", "fb-correction"} <= set(trained), [s.samples for s in steps]
+    assert all(step.samples.get("production", 0) <= 4 for step in steps)  # a quarter of 16, at most
+    assert all(sum(v for k, v in step.samples.items() if k != "production") == 16 for step in steps)
+    assert trained["fb-correction"].samples["sft"] >= 1 and trained["fb-preference"].samples["preference"] >= 1
+    assert "dpo_margin" in trained["fb-preference"].loss_metrics and "sft_nll" in trained["fb-correction"].loss_metrics
+    samples = {e.rollout.rollout_id: e for e in _events(run_dir, "prod.scored") if e.production is not None}
+    rating = samples["fb-rating"]
+    assert rating.rollout.completion_token_ids == served[feedback_run["receipts"][0]].call.completion_token_ids
+    assert rating.rollout.completion_logprobs == served[feedback_run["receipts"][0]].call.completion_logprobs
+    pair = samples["fb-preference"]
+    assert (pair.rollout.task_id, pair.rejected.task_id) == (feedback_run["receipts"][2], feedback_run["receipts"][1])
+    rows = metrics_rows(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, 9))
+
+
+def test_a_feedback_item_is_traced_from_its_post_to_the_trainer_step_and_linked_to_the_served_request(feedback_run):
+    spans = [json.loads(line) for line in (feedback_run["run_dir"] / "spans.jsonl").read_text().splitlines()]
+    by_id = {s["span_id"]: s for s in spans}
+    ingest = next(s for s in spans if s["name"] == "ingest feedback"
+                  and s["attributes"]["rollwire.feedback_id"] == "fb-rating")
+    assert ingest["service"] == "rollwire-feedback-api"
+    join = next(s for s in spans if s["name"] == "join feedback" and s["attributes"]["rollwire.feedback_id"] == "fb-rating")
+    assert join["trace_id"] == ingest["trace_id"] and join["service"] == "rollwire-joiner"
+    served = {e.response_id: e for e in _events(feedback_run["run_dir"], "prod.served")}
+    request_trace = served[feedback_run["receipts"][0]].traceparent.split("-")[1]
+    assert [link["trace_id"] for link in join["links"]] == [request_trace]  # the gateway's request
+    assert any(s["trace_id"] == request_trace and s["service"] == "rollwire-gateway" for s in spans)
+    send = next(s for s in spans if s["name"] == "send prod.scored" and s["parent_span_id"] == join["span_id"])
+    step = next(s for s in spans if s["name"] == "trainer step"
+                and any(link["span_id"] == send["span_id"] for link in s["links"]))
+    assert step["service"] == "rollwire-trainer" and by_id[send["span_id"]]["trace_id"] == ingest["trace_id"]

@@ -1,0 +1,71 @@
+"""Running `rollwire run` as a user does, for the tests of whole runs (tests/run): a short recipe, a
+subprocess, and stopping it as Ctrl-C would."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+
+SHORT = """
+name = "{name}"
+steps = {steps}
+
+[model.tiny]
+seed = 1
+
+[warm_start]
+steps = 40
+
+[[environments]]
+name = "reverse-digits"
+algorithm = "grpo-nostd"
+group_size = 4
+options = {{ seed = 3 }}
+sampling = {{ temperature = 1.0, max_tokens = 8 }}
+
+[env_workers]
+concurrency = 8
+
+[trainer.batch]
+batch_rollouts = 16
+max_off_policy = 1
+
+[telemetry]
+exporter = "file"
+"""
+
+
+def recipe_file(folder: Path, name: str, steps: int) -> Path:
+    path = folder / f"{name}.toml"
+    path.write_text(SHORT.format(name=name, steps=steps))
+    return path
+
+
+def start_run(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "rollwire", "run", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "200"})
+
+
+def finish(process: subprocess.Popen, timeout_s: float) -> str:
+    """Waits for `rollwire run` to end; if the test gives up first, stops it as Ctrl-C would, then kills."""
+    try:
+        return process.communicate(timeout=timeout_s)[0]
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                for child in psutil.Process(process.pid).children(recursive=True):
+                    child.kill()
+                process.kill()
+
+
+def metrics_rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
