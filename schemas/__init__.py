@@ -12,7 +12,7 @@ from rollwire.schemas.errors import (
     UnknownEventTypeError,
 )
 from rollwire.schemas.feedback import FeedbackReceived
-from rollwire.schemas.joiner import FeedbackJoinState, SourceBaseline
+from rollwire.schemas.joiner import FeedbackJoinState, PartnerRecord, SourceBaseline
 from rollwire.schemas.registry import EVENT_TYPES, AnyEvent
 from rollwire.schemas.rollout import (
     InferenceCall,
@@ -36,7 +36,7 @@ from rollwire.schemas.weights import ReplicaStatus, WeightsPublished
 __all__ = [
     "CATALOG", "DEFAULT_MAX_EVENT_BYTES", "EVENT_TYPES", "AnyEvent", "BlobPointer", "Codec",
     "CorruptEventError", "DeadLetter", "Envelope", "Event", "EventTooLargeError",
-    "FeedbackJoinState", "FeedbackReceived", "InferenceCall", "InvalidEventError", "ReplicaStatus",
+    "FeedbackJoinState", "FeedbackReceived", "InferenceCall", "InvalidEventError", "PartnerRecord", "ReplicaStatus",
     "ResponseServed", "RolloutCompleted", "RolloutError", "RolloutTimings", "RolloutsDropped",
     "ProductionOrigin", "SamplingParams", "SchemaError", "SchemaVersionTooNewError", "ScoredRollout",
     "ScorerGroupRollout", "ScorerGroupState", "ScorerTick", "SourceBaseline", "Staleness",

@@ -15,7 +15,8 @@ from rollwire.schemas.serving import ResponseServed
 class FeedbackJoinState(Event):
     """What the joiner holds for one receipt.
 
-    Version 2 added `partners` (the joiner's own state: an older joiner cannot hold it).
+    Version 2 added `partners` and `partner_served` (the joiner's own state: an older joiner
+    cannot hold it).
 
     Produced by the feedback joiner on `joiner-state` (compacted; key: the receipt) whenever it
     changes, tombstoned when forgotten; consumed by the feedback joiner when it restores.
@@ -33,7 +34,10 @@ class FeedbackJoinState(Event):
     joined: list[str] = Field(default_factory=list)
     """Feedback ids already turned into samples or dropped: a resend of one is ignored."""
     partners: list[str] = Field(default_factory=list)
-    """Receipts holding preferences that also need this receipt's served record: retried when it arrives."""
+    """Receipts holding preferences that also need this receipt's served record: it is sent to them
+    (`PartnerRecord`) when it arrives."""
+    partner_served: list[ResponseServed] = Field(default_factory=list)
+    """Served records of other receipts that preferences waiting here compare this one with."""
     first_seen_ms: int = Field(default_factory=now_ms)
     """When the joiner first heard of the receipt (epoch ms)."""
 
@@ -52,3 +56,21 @@ class SourceBaseline(Event):
     """Ratings counted."""
     mean: float = 0.0
     """Their mean."""
+
+
+class PartnerRecord(Event):
+    """One receipt's message to another about a preference that compares the two: a request for the
+    addressee's served record (`served` None), or the sender's served record.
+
+    A preference waits at its first receipt; the second may live on another partition, so the two
+    talk through messages keyed by the addressee. Produced and consumed by the feedback joiner: on
+    `joiner-in` (key: `to`) by the faust driver, applied at once by the in-process one.
+    """
+
+    type: Literal["feedback.partner_record"] = "feedback.partner_record"
+    to: str
+    """The receipt addressed."""
+    sender: str
+    """The receipt that sends."""
+    served: ResponseServed | None = None
+    """The sender's served record; None asks for the addressee's."""

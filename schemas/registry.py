@@ -9,7 +9,7 @@ from pydantic import Field
 from rollwire.schemas.base import Event
 from rollwire.schemas.deadletter import DeadLetter
 from rollwire.schemas.feedback import FeedbackReceived
-from rollwire.schemas.joiner import FeedbackJoinState, SourceBaseline
+from rollwire.schemas.joiner import FeedbackJoinState, PartnerRecord, SourceBaseline
 from rollwire.schemas.rollout import RolloutCompleted, ScoredRollout, TaskAssigned, TraceRecorded
 from rollwire.schemas.scorer import ScorerGroupRollout, ScorerGroupState, ScorerTick
 from rollwire.schemas.serving import ResponseServed
@@ -19,7 +19,7 @@ from rollwire.schemas.weights import ReplicaStatus, WeightsPublished
 AnyEvent = Annotated[
     TaskAssigned | RolloutCompleted | TraceRecorded | ScoredRollout | WeightsPublished | ReplicaStatus
     | TrainStepCompleted | RolloutsDropped | FeedbackReceived | ResponseServed | DeadLetter | ScorerGroupState
-    | ScorerGroupRollout | ScorerTick | FeedbackJoinState | SourceBaseline,
+    | ScorerGroupRollout | ScorerTick | FeedbackJoinState | SourceBaseline | PartnerRecord,
     Field(discriminator="type"),
 ]
 """Any rollwire event, discriminated on its `type` tag."""

@@ -15,7 +15,7 @@ from rollwire.errors import ConfigError
 from rollwire.schemas.base import Event
 from rollwire.schemas.deadletter import DeadLetter
 from rollwire.schemas.feedback import FeedbackReceived
-from rollwire.schemas.joiner import FeedbackJoinState, SourceBaseline
+from rollwire.schemas.joiner import FeedbackJoinState, PartnerRecord, SourceBaseline
 from rollwire.schemas.registry import type_tag
 from rollwire.schemas.rollout import RolloutCompleted, ScoredRollout, TaskAssigned, TraceRecorded
 from rollwire.schemas.scorer import ScorerGroupRollout, ScorerGroupState, ScorerTick
@@ -46,6 +46,9 @@ class TopicSpec:
     """Components that write the topic."""
     consumer: str
     """Components that read the topic."""
+    copies: tuple[type[Event], ...] = ()
+    """Event types that also travel here as copies of another topic's records (a stream re-keyed for
+    a stream processor) or as its timer ticks; `events` names each type's own topic."""
 
 
 CATALOG: tuple[TopicSpec, ...] = (
@@ -58,7 +61,7 @@ CATALOG: tuple[TopicSpec, ...] = (
     TopicSpec("scored", (ScoredRollout,), "group id", 4, "delete", 7 * DAY_MS,
               "group scorer, feedback joiner", "trainer"),
     TopicSpec("drops", (RolloutsDropped,), "group id", 1, "delete", 30 * DAY_MS,
-              "group scorer, trainer", "accounting, run display"),
+              "group scorer, trainer, feedback joiner", "accounting, run display"),
     TopicSpec("weights", (WeightsPublished,), "policy name", 1, "compact", None,
               "trainer", "weight subscribers, dispatcher"),
     TopicSpec("fleet", (ReplicaStatus,), "replica id", 1, "delete", 7 * DAY_MS,
@@ -77,6 +80,9 @@ CATALOG: tuple[TopicSpec, ...] = (
               "group scorer timer (faust)", "group scorer (faust)"),
     TopicSpec("joiner-state", (FeedbackJoinState, SourceBaseline), "receipt (NUL source)", 4, "compact", None,
               "feedback joiner", "feedback joiner (restoring its state)"),
+    TopicSpec("joiner-in", (PartnerRecord,), "receipt", 4, "delete", 7 * DAY_MS,
+              "feedback joiner (faust: its inputs re-keyed by receipt, messages between receipts, ticks)",
+              "feedback joiner (faust)", copies=(ResponseServed, FeedbackReceived, ScorerTick)),
 )
 
 _PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,100}$")
@@ -117,8 +123,8 @@ class Topics:
     def check(self, full_name: str, event: Event) -> None:
         """Raises `ConfigError` when `event`'s type is not declared for `full_name`."""
         spec = self.spec(full_name)
-        if not isinstance(event, spec.events):
-            allowed = ", ".join(type_tag(e) for e in spec.events)
+        if not isinstance(event, spec.events + spec.copies):
+            allowed = ", ".join(type_tag(e) for e in spec.events + spec.copies)
             raise ConfigError(f"{type_tag(type(event))} events do not belong on {full_name} "
                               f"(it carries {allowed}); see rollwire.schemas.topics.CATALOG")
 
@@ -128,7 +134,7 @@ def markdown_table(prefix: str = "rollwire") -> str:
     rows = ["| topic | events | key | partitions | cleanup | producer | consumer |",
             "|---|---|---|---|---|---|---|"]
     for spec in CATALOG:
-        events = ", ".join(f"`{type_tag(e)}`" for e in spec.events)
+        events = ", ".join([f"`{type_tag(e)}`" for e in spec.events] + [f"(`{type_tag(e)}`)" for e in spec.copies])
         cleanup = "compact" if spec.cleanup == "compact" else (
             f"delete after {spec.retention_ms // DAY_MS} d" if spec.retention_ms else "keep")
         rows.append(f"| `{prefix}.{spec.name}` | {events} | {spec.key} | {spec.partitions} | "

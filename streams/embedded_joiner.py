@@ -15,9 +15,9 @@ One `step`, as the scorer's commit protocol:
     # Step 5  commit the consumer's offsets
 
 A crash before Step 5 replays the batch: feedback already joined is recognised by its id in the
-restored state, so each feedback item becomes one sample or one drop. A preference needs two
-receipts' records: it waits at the first, the second lists it among its `partners`, and it is
-retried when the second's record arrives (the joiner holds every receipt, so both are at hand). One process holds every
+restored state, so each feedback item becomes one sample or one drop. The messages one receipt
+sends another about a preference (`PartnerRecord`) are applied at once: this driver holds every
+receipt. One process holds every
 receipt: served records and feedback are keyed by conversation (or receipt), not co-partitioned
 by receipt, so the joiner does not split across processes yet.
 """
@@ -25,13 +25,10 @@ by receipt, so the joiner does not split across processes yet.
 from __future__ import annotations
 
 import collections
-import contextlib
 import heapq
 import logging
 import time
-from collections.abc import Iterator
 
-from rollwire import telemetry
 from rollwire.bus import DeadLetters, EventConsumer, EventLog, EventProducer
 from rollwire.schemas.base import Event, now_ms
 from rollwire.schemas.envelope import Codec
@@ -41,7 +38,7 @@ from rollwire.schemas.joiner import FeedbackJoinState, SourceBaseline
 from rollwire.schemas.rollout import ScoredRollout
 from rollwire.schemas.serving import ResponseServed
 from rollwire.schemas.topics import Topics
-from rollwire.streams.feedback_join import FeedbackJoiner, JoinStep, receipt_of
+from rollwire.streams.feedback_join import FeedbackJoiner, JoinStep, joining_span, receipt_of
 from rollwire.streams.group_changelog import PendingWrites
 from rollwire.streams.in_process import InProcessDriver
 
@@ -86,13 +83,7 @@ class EmbeddedJoiner(InProcessDriver):
                     len(self.baselines))
 
     def _schedule(self, state: FeedbackJoinState) -> None:
-        settings = self.joiner.settings
-        if state.waiting:
-            due = state.waiting[0].received_at_ms + int(settings.window_s * 1000)
-        else:
-            seen = state.served.served_at_ms if state.served is not None else state.first_seen_ms
-            due = seen + int(settings.served_retention_s * 1000)
-        heapq.heappush(self._due, (due, state.response_id))
+        heapq.heappush(self._due, (FeedbackJoiner.due_ms(state, self.joiner.settings), state.response_id))
 
     def step(self, timeout_s: float = 0.5) -> int:
         """One pass of the commit protocol; returns the records read."""
@@ -104,11 +95,10 @@ class EmbeddedJoiner(InProcessDriver):
             with self.consumer.process_span(delivery):
                 if isinstance(event, ResponseServed):
                     self._apply(event.response_id, self.joiner.on_served(
-                        self.states.get(event.response_id), event, self.baselines, lookup=self._served))
+                        self.states.get(event.response_id), event, self.baselines))
                 elif isinstance(event, FeedbackReceived):
                     receipt = receipt_of(event) or ""
-                    self._apply(receipt, self.joiner.on_feedback(self.states.get(receipt), event, self.baselines,
-                                                                 lookup=self._served))
+                    self._apply(receipt, self.joiner.on_feedback(self.states.get(receipt), event, self.baselines))
                 else:
                     self.consumer.dead_letter(delivery, f"a {event.type} event does not belong on {delivery.record.topic}")
         # Step 3
@@ -127,7 +117,7 @@ class EmbeddedJoiner(InProcessDriver):
         if step.duplicate:
             self.stats["duplicates"] += 1
         for event in step.events:
-            self._send(event)
+            self._send(event, step.state)
         for source, baseline in step.baselines.items():
             self.baselines[source] = baseline
             self.pending.add([(BASELINE_KEY + source, baseline)])
@@ -142,36 +132,12 @@ class EmbeddedJoiner(InProcessDriver):
             self.states[receipt] = step.state
             self.pending.add([(receipt, step.state)])
             self._schedule(step.state)
-        if step.partner is not None:
-            waited_for, partner = step.partner
-            held = self.states.get(waited_for) or FeedbackJoinState(response_id=waited_for)
-            if partner not in held.partners:
-                self._apply(waited_for, JoinStep(held.model_copy(update={"partners": [*held.partners, partner]})))
-        for partner in step.retry:
-            if partner in self.states:
-                self._apply(partner, self.joiner.on_partner(self.states[partner], self.baselines, self._served))
+        for record in step.messages:  # every receipt is held here: a message is applied at once
+            self._apply(record.to, self.joiner.on_partner(self.states.get(record.to), record, self.baselines))
 
-    @contextlib.contextmanager
-    def _join_span(self, sample: ScoredRollout) -> Iterator[None]:
-        """`join feedback`: in the feedback's trace (from the ingestion API to the trainer step that
-        trains the sample), linked to the trace of each response it judges."""
-        if not telemetry.tracing() or sample.production is None:
-            yield
-            return
-        served = [self._served(receipt) for receipt in sample.production.response_ids]
-        links = telemetry.links_to([s.traceparent for s in served if s is not None])
-        with telemetry.continued(sample.rollout.traceparent), telemetry.tracer().start_as_current_span(
-                "join feedback", links=links, attributes={"rollwire.feedback_id": sample.production.feedback_id,
-                                                          "rollwire.objective": sample.objective}):
-            yield
-
-    def _served(self, receipt: str) -> ResponseServed | None:
-        state = self.states.get(receipt)
-        return state.served if state is not None else None
-
-    def _send(self, event: Event) -> None:
+    def _send(self, event: Event, state: FeedbackJoinState | None) -> None:
         if isinstance(event, ScoredRollout):
-            with self._join_span(event):
+            with joining_span(event, state):
                 self.producer.send(self.topics.scored, event, key=event.rollout.group_id)
             self.stats["samples"] += 1
         else:

@@ -1,10 +1,12 @@
 """The feedback joiner's logic, free of any transport: production feedback joined with the responses
 it judges, by receipt, into training samples. One pure step per event or tick, as `GroupScorer`.
 
-    served   (response.served, key: receipt) ──▶ on_served(state, served)    ─┐
-    feedback (feedback.received)             ──▶ on_feedback(state, item)   ─┼─▶ new state
-    ticks                                    ──▶ on_tick(state)             ─┘   + samples on `scored`
-                                                                                 + drops with a reason
+    served   (response.served)     ──▶ on_served(state, served)     ─┐
+    feedback (feedback.received)   ──▶ on_feedback(state, item)    ─┤     new state
+    another receipt's message      ──▶ on_partner(state, record)   ─┼─▶  + samples on `scored`
+    ticks                          ──▶ on_tick(state)              ─┘    + drops with a reason
+                                                                         + messages to other receipts
+    (every call is about one receipt: the served record's, the feedback's `receipt_of`, `record.to`)
 
 State is kept per receipt (`FeedbackJoinState`): the served record once it arrived, feedback that
 came first and waits for it (at most `window_s`), and the feedback ids already turned into samples
@@ -19,8 +21,9 @@ came first and waits for it (at most `window_s`), and the feedback ids already t
                 `messages` the app sent are rendered instead: nothing to join.
     preference  preference: both receipts' served calls, the chosen one first; their sampler
                 logprobs are the loss's reference. It waits at its first receipt until both
-                records are in: the second receipt's state lists the first among its `partners`,
-                and the driver retries those partners when it arrives (`JoinStep.retry`).
+                records are in. The second receipt may be another partition's, so the two talk
+                by `PartnerRecord` messages keyed by the addressee (`on_partner`): the first asks
+                for the second's record; the second answers with it, at once or when it arrives.
 
 Ratings and preferences about responses served elsewhere carry no sampler logprobs to correct or
 refer to; they are dropped with that reason. A sample's `traceparent` is its feedback's (the
@@ -29,16 +32,18 @@ ingestion API's span): the driver sends it in that trace, linked to the served r
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Protocol
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from rollwire import telemetry
 from rollwire.registry import Registry
 from rollwire.schemas.base import Event, now_ms
 from rollwire.schemas.feedback import PRODUCTION_GROUP_PREFIX, FeedbackReceived
-from rollwire.schemas.joiner import FeedbackJoinState, SourceBaseline
+from rollwire.schemas.joiner import FeedbackJoinState, PartnerRecord, SourceBaseline
 from rollwire.schemas.rollout import ProductionOrigin, RolloutCompleted, ScoredRollout
 from rollwire.schemas.serving import ResponseServed
 from rollwire.schemas.training import RolloutsDropped
@@ -106,19 +111,8 @@ class JoinStep:
     baselines: dict[str, SourceBaseline] = field(default_factory=dict)
     """Sources whose baseline changed, to store."""
     duplicate: bool = False
-    partner: tuple[str, str] | None = None
-    """`(receipt, partner)`: a preference now waits at `partner` for `receipt`'s served record;
-    the driver adds `partner` to `receipt`'s `partners`."""
-    retry: list[str] = field(default_factory=list)
-    """Receipts whose waiting preferences may complete now: the driver calls `on_partner` on each."""
-
-
-Lookup = Callable[[str], ResponseServed | None]
-"""The served record of a receipt, when the joiner holds it."""
-
-
-def _nothing(receipt: str) -> ResponseServed | None:
-    return None
+    messages: list[PartnerRecord] = field(default_factory=list)
+    """Messages to other receipts (`PartnerRecord.to`): the driver applies them there (`on_partner`)."""
 
 
 class FeedbackJoiner:
@@ -136,24 +130,19 @@ class FeedbackJoiner:
     # -- events ------------------------------------------------------------------------------
 
     def on_served(self, state: FeedbackJoinState | None, served: ResponseServed,
-                  baselines: dict[str, SourceBaseline], now: int | None = None, lookup: Lookup = _nothing) -> JoinStep:
+                  baselines: dict[str, SourceBaseline], now: int | None = None) -> JoinStep:
         now = now_ms() if now is None else now
         if state is not None and state.served is not None:
             return JoinStep(state, duplicate=True)
         state = (state or FeedbackJoinState(response_id=served.response_id, first_seen_ms=now))
-        step = JoinStep(state.model_copy(update={"served": served, "partners": []}), retry=list(state.partners))
-        self._join_waiting(step, baselines, lookup)
-        return step
-
-    def on_partner(self, state: FeedbackJoinState, baselines: dict[str, SourceBaseline], lookup: Lookup) -> JoinStep:
-        """Another receipt's served record arrived: preferences waiting here for it may complete."""
-        step = JoinStep(state)
-        if state.served is not None:
-            self._join_waiting(step, baselines, lookup)
+        step = JoinStep(state.model_copy(update={"served": served, "partners": []}))
+        step.messages = [PartnerRecord(to=partner, sender=served.response_id, served=served)
+                         for partner in state.partners]
+        self._join_waiting(step, baselines)
         return step
 
     def on_feedback(self, state: FeedbackJoinState | None, item: FeedbackReceived,
-                    baselines: dict[str, SourceBaseline], now: int | None = None, lookup: Lookup = _nothing) -> JoinStep:
+                    baselines: dict[str, SourceBaseline], now: int | None = None) -> JoinStep:
         """`state` is that of `receipt_of(item)`."""
         now = now_ms() if now is None else now
         receipt = receipt_of(item)
@@ -168,10 +157,30 @@ class FeedbackJoiner:
             step.events.append(self._drop(item, "invalid", "a preference compares two different responses; both "
                                                            f"receipts are {receipt}"))
             step.state = state.model_copy(update={"joined": [*state.joined, item.feedback_id]})
-        elif not self._try(step, item, baselines, lookup):
+        elif not self._try(step, item, baselines):
             step.state = state.model_copy(update={"waiting": [*state.waiting, item]})
-            if item.kind == "preference" and lookup(item.response_ids[1]) is None:
-                step.partner = (item.response_ids[1], receipt)
+            other = item.response_ids[1] if item.kind == "preference" else None
+            if other is not None and _partner(state, other) is None:
+                step.messages.append(PartnerRecord(to=other, sender=receipt))
+        return step
+
+    def on_partner(self, state: FeedbackJoinState | None, record: PartnerRecord,
+                   baselines: dict[str, SourceBaseline], now: int | None = None) -> JoinStep:
+        """A message from another receipt (`state` is that of `record.to`): a request for this
+        receipt's served record, answered now or when it arrives; or the sender's record, which
+        preferences waiting here may need."""
+        now = now_ms() if now is None else now
+        state = state or FeedbackJoinState(response_id=record.to, first_seen_ms=now)
+        if record.served is None:
+            if state.served is not None:
+                return JoinStep(state, messages=[PartnerRecord(to=record.sender, sender=record.to, served=state.served)])
+            if record.sender in state.partners:
+                return JoinStep(state, duplicate=True)
+            return JoinStep(state.model_copy(update={"partners": [*state.partners, record.sender]}))
+        if _partner(state, record.sender) is not None:
+            return JoinStep(state, duplicate=True)
+        step = JoinStep(state.model_copy(update={"partner_served": [*state.partner_served, record.served]}))
+        self._join_waiting(step, baselines)
         return step
 
     def on_tick(self, state: FeedbackJoinState, now: int | None = None) -> JoinStep:
@@ -189,22 +198,29 @@ class FeedbackJoiner:
             return JoinStep(None, events)
         return JoinStep(state, events)
 
+    @staticmethod
+    def due_ms(state: FeedbackJoinState, settings: FeedbackJoinSettings) -> int:
+        """When `on_tick` next has something to do for `state` (epoch ms)."""
+        if state.waiting:
+            return state.waiting[0].received_at_ms + int(settings.window_s * 1000)
+        seen = state.served.served_at_ms if state.served is not None else state.first_seen_ms
+        return seen + int(settings.served_retention_s * 1000)
+
     # -- joining -----------------------------------------------------------------------------
 
-    def _join_waiting(self, step: JoinStep, baselines: dict[str, SourceBaseline], lookup: Lookup) -> None:
+    def _join_waiting(self, step: JoinStep, baselines: dict[str, SourceBaseline]) -> None:
         assert step.state is not None
-        still = [item for item in step.state.waiting if not self._try(step, item, baselines, lookup)]
+        still = [item for item in step.state.waiting if not self._try(step, item, baselines)]
         step.state = step.state.model_copy(update={"waiting": still})
 
-    def _try(self, step: JoinStep, item: FeedbackReceived, baselines: dict[str, SourceBaseline],
-             lookup: Lookup) -> bool:
+    def _try(self, step: JoinStep, item: FeedbackReceived, baselines: dict[str, SourceBaseline]) -> bool:
         """Turns `item` into a sample or a drop if its served record(s) are in; False: it must wait."""
         assert step.state is not None
         served = step.state.served
         if served is None:
             return False
         if item.kind == "preference":
-            other = lookup(item.response_ids[1])
+            other = _partner(step.state, item.response_ids[1])
             if other is None:
                 return False
             step.events.append(self._preference(item, served, other))
@@ -299,6 +315,11 @@ def receipt_of(item: FeedbackReceived) -> str | None:
     return item.response_id
 
 
+def _partner(state: FeedbackJoinState, receipt: str) -> ResponseServed | None:
+    """The served record of `receipt` that `state` holds for its preferences."""
+    return next((s for s in state.partner_served if s.response_id == receipt), None)
+
+
 def _receipts(item: FeedbackReceived) -> list[str]:
     return list(item.response_ids) if item.kind == "preference" else [item.response_id or item.feedback_id]
 
@@ -307,6 +328,27 @@ def _origin(item: FeedbackReceived, *served: ResponseServed | None) -> Productio
     times = [s.served_at_ms for s in served if s is not None]
     return ProductionOrigin(source=item.source, feedback_id=item.feedback_id, response_ids=_receipts(item)
                             if any(served) else [], served_at_ms=min(times) if times else item.received_at_ms)
+
+
+def joining_span(sample: Event, state: FeedbackJoinState | None) -> AbstractContextManager[None]:
+    """Around sending one output event. A sample is sent inside a `join feedback` span in its
+    feedback's trace (from the ingestion API on to the trainer step that trains it), linked to
+    the traces of the requests that served the responses it judges (`state`: the receipt's state
+    that made it)."""
+    if not isinstance(sample, ScoredRollout) or sample.production is None or not telemetry.tracing():
+        return nullcontext()
+    return _joining_span(sample, state)
+
+
+@contextmanager
+def _joining_span(sample: ScoredRollout, state: FeedbackJoinState | None) -> Iterator[None]:
+    assert sample.production is not None
+    served = [] if state is None else [state.served, *state.partner_served]
+    links = telemetry.links_to([s.traceparent for s in served if s is not None])
+    with telemetry.continued(sample.rollout.traceparent), telemetry.tracer().start_as_current_span(
+            "join feedback", links=links, attributes={"rollwire.feedback_id": sample.production.feedback_id,
+                                                      "rollwire.objective": sample.objective}):
+        yield
 
 
 class ChatTemplateRenderer:

@@ -11,6 +11,7 @@ from rollwire.schemas import (
     FeedbackJoinState,
     FeedbackReceived,
     InferenceCall,
+    PartnerRecord,
     ProductionOrigin,
     ReplicaStatus,
     ResponseServed,
@@ -126,7 +127,12 @@ def served(**kw) -> ResponseServed:
 
 def join_state(**kw) -> FeedbackJoinState:
     return FeedbackJoinState(**{"response_id": "resp-1", "served": served(), "joined": ["fb-1"], "partners": ["resp-0"],
+                                "partner_served": [served(response_id="resp-3")],
                                 "first_seen_ms": 1_790_000_000_900, **kw})
+
+
+def partner_record(**kw) -> PartnerRecord:
+    return PartnerRecord(**{"to": "resp-1", "sender": "resp-2", "served": served(response_id="resp-2"), **kw})
 
 
 def source_baseline(**kw) -> SourceBaseline:
@@ -149,7 +155,8 @@ def preference_pair(**kw) -> ScoredRollout:
 
 ALL: dict[str, Event] = {e.type: e for e in (task(), rollout(), trace(), preference_pair(), weights(), replica(),
                                             train_step(), dropped(), feedback(), served(), dead_letter(),
-                                            group_state(), group_rollout(), tick(), join_state(), source_baseline())}
+                                            group_state(), group_rollout(), tick(), join_state(), source_baseline(),
+                                            partner_record())}
 """One valid example of every event type, by type tag."""
 
 

@@ -8,7 +8,7 @@ import pytest
 from builders import served
 from pydantic import ValidationError
 
-from rollwire.schemas import FeedbackJoinState, FeedbackReceived, InferenceCall, RolloutsDropped, ScoredRollout
+from rollwire.schemas import FeedbackReceived, InferenceCall, PartnerRecord, RolloutsDropped, ScoredRollout
 from rollwire.streams.feedback_join import ChatTemplateRenderer, FeedbackJoiner, FeedbackJoinSettings, SourceBaseline
 
 T0 = 1_790_000_000_000
@@ -153,33 +153,37 @@ def test_a_preference_waits_for_both_responses_in_either_order_and_pairs_them_ch
     second = chat_served(tokenizer, "resp-b", conversation, "2", at=T0 + 5, version=4)
     pick_b = FeedbackReceived(feedback_id="fb-p", kind="preference", response_ids=["resp-a", "resp-b"],
                               preferred_index=1, source="chat-app")
-    served_records: dict[str, object] = {}
 
-    # the first response, then the preference, then the second: it waits at resp-a, resp-b holds a pointer
+    # the first response, then the preference: it waits at resp-a and asks resp-b for its record
     at_a = joiner.on_served(None, first, {}).state
-    served_records["resp-a"] = first
-    step = joiner.on_feedback(at_a, pick_b, {}, lookup=served_records.get)
-    assert step.events == [] and step.partner == ("resp-b", "resp-a")
-    at_b = FeedbackJoinState(response_id="resp-b", partners=["resp-a"])
-    arrived = joiner.on_served(at_b, second, {})
-    assert arrived.retry == ["resp-a"] and arrived.state.partners == []
-    served_records["resp-b"] = second
-    [pair] = joiner.on_partner(step.state, {}, served_records.get).events
+    step = joiner.on_feedback(at_a, pick_b, {})
+    assert step.events == [] and step.messages == [PartnerRecord(to="resp-b", sender="resp-a")]
+    at_b = joiner.on_partner(None, step.messages[0], {}).state  # resp-b not served yet: it remembers who asked
+    assert at_b.partners == ["resp-a"] and joiner.on_partner(at_b, step.messages[0], {}).duplicate
+    arrived = joiner.on_served(at_b, second, {})  # ... and sends its record when it comes
+    assert arrived.messages == [PartnerRecord(to="resp-a", sender="resp-b", served=second)]
+    assert arrived.state.partners == []
+    [pair] = joiner.on_partner(step.state, arrived.messages[0], {}).events
     assert pair.objective == "preference" and pair.rollout.completion_token_ids == second.call.completion_token_ids
     assert pair.rejected.completion_token_ids == first.call.completion_token_ids
     assert pair.rollout.completion_logprobs == second.call.completion_logprobs  # the reference
     assert pair.production.response_ids == ["resp-a", "resp-b"] and pair.production.served_at_ms == T0
 
-    # the other order: both served first, the preference completes at once
-    [again] = joiner.on_feedback(at_a, pick_b.model_copy(update={"feedback_id": "fb-q"}), {},
-                                 lookup=served_records.get).events
+    # the other order: resp-b served before the question, it answers at once
+    question = joiner.on_feedback(None, pick_b.model_copy(update={"feedback_id": "fb-q"}), {})
+    [answer] = joiner.on_partner(arrived.state, question.messages[0], {}).messages
+    assert answer.served == second and answer.to == "resp-a"
+    holding = joiner.on_partner(question.state, answer, {})  # resp-a's own record is still to come
+    assert holding.events == [] and holding.state.partner_served == [second]
+    [again] = joiner.on_served(holding.state, first, {}).events
     assert again.rejected.rollout_id == "fb-q-rejected"
 
     # different prompts, one receipt twice, texts served elsewhere: refused with the reason
     other_prompt = chat_served(tokenizer, "resp-c", [{"role": "user", "content": "R:9>"}], "9")
-    served_records["resp-c"] = other_prompt
     mixed = pick_b.model_copy(update={"feedback_id": "fb-m", "response_ids": ["resp-a", "resp-c"]})
-    assert "different prompts" in joiner.on_feedback(at_a, mixed, {}, lookup=served_records.get).events[0].detail
+    waiting = joiner.on_feedback(at_a, mixed, {}).state
+    [drop] = joiner.on_partner(waiting, PartnerRecord(to="resp-a", sender="resp-c", served=other_prompt), {}).events
+    assert "different prompts" in drop.detail
     same = pick_b.model_copy(update={"feedback_id": "fb-s", "response_ids": ["resp-a", "resp-a"]})
     assert "two different responses" in joiner.on_feedback(at_a, same, {}).events[0].detail
     texts = FeedbackReceived(feedback_id="fb-t", kind="preference", candidates=["21", "2"], preferred_index=0,
