@@ -16,12 +16,12 @@ import faust
 
 from rollwire.bus.settings import KafkaBusSettings
 from rollwire.schemas.topics import Topics
-from rollwire.streams.faust_app import FaustScorerSettings, faust_app, run_worker
+from rollwire.streams.faust_app import FaustWorkerSettings, faust_app, run_worker
 
 
 def main() -> None:
     bootstrap, prefix = sys.argv[1:3]
-    topics, settings = Topics(prefix), FaustScorerSettings(app_id=f"{prefix}-passthrough")
+    topics, settings = Topics(prefix), FaustWorkerSettings(app_id=f"{prefix}-passthrough")
     app = faust_app(settings, KafkaBusSettings(bootstrap_servers=bootstrap))
     raw = {"schema": faust.Schema(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")}
     scored = app.topic(topics.scored, internal=False, **raw)

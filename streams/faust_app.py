@@ -46,14 +46,15 @@ from rollwire.streams.scoring import Deadlines, GroupScorer, ScorerSettings, Ste
 logger = logging.getLogger(__name__)
 
 
-class FaustScorerSettings(BaseModel):
-    """How the faust worker runs and names itself; where the cluster is comes from the bus settings
-    (`KafkaBusSettings`), the topic names from the run's `Topics`."""
+class FaustWorkerSettings(BaseModel):
+    """How a faust worker of rollwire (the scorer's, the joiner's: `faust_joiner.py`) runs and names
+    itself; where the cluster is comes from the bus settings (`KafkaBusSettings`), the topic names
+    from the run's `Topics`."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     app_id: str = "rollwire-scorer"
-    """Faust application id: the consumer group, shared by all workers of one scorer."""
+    """Faust application id: the consumer group, shared by all workers of one processor."""
     tick_s: float = Field(default=1.0, gt=0)
     """Seconds between timeout ticks."""
     commit_interval_s: float = Field(default=1.0, gt=0)
@@ -72,7 +73,7 @@ class FaustScorerSettings(BaseModel):
     production cluster. Catalog topics are created beforehand and keep their own settings."""
 
 
-def _headers(message: Any) -> list[tuple[str, bytes]]:
+def message_headers(message: Any) -> list[tuple[str, bytes]]:
     headers = message.headers or []
     items = headers.items() if isinstance(headers, Mapping) else headers
     return [(k, v) for k, v in items if isinstance(v, bytes)]
@@ -93,7 +94,7 @@ Sink = Callable[[str, bytes | None, bytes, list[tuple[str, bytes]]], Awaitable[N
 """`await sink(topic_name, key, value, headers)`: where the agent's output records go."""
 
 
-def faust_app(settings: FaustScorerSettings, bus: KafkaBusSettings) -> faust.App:
+def faust_app(settings: FaustWorkerSettings, bus: KafkaBusSettings) -> faust.App:
     """The faust app the scorer runs in, with no agent yet: its cluster, commit and recovery settings."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)  # faust creates only the last level
     return faust.App(
@@ -115,7 +116,7 @@ def faust_app(settings: FaustScorerSettings, bus: KafkaBusSettings) -> faust.App
     )
 
 
-def build_app(settings: FaustScorerSettings, scorer_settings: ScorerSettings, *, bus: KafkaBusSettings,
+def build_app(settings: FaustWorkerSettings, scorer_settings: ScorerSettings, *, bus: KafkaBusSettings,
               topics: Topics, teacher=None, sink: Sink | None = None) -> faust.App:
     """A faust app with the scoring agent, the tick timer and the group table. Outputs go to
     their Kafka topics, or to `sink` when given (for broker-free tests of the agent)."""
@@ -211,7 +212,7 @@ def build_app(settings: FaustScorerSettings, scorer_settings: ScorerSettings, *,
             for event in batch:
                 m = event.message
                 record = Record(topic=m.topic or topics.rollouts, partition=m.partition, offset=m.offset, key=m.key,
-                                value=m.value, timestamp_ms=int(m.timestamp * 1000), headers=tuple(_headers(m)))
+                                value=m.value, timestamp_ms=int(m.timestamp * 1000), headers=tuple(message_headers(m)))
                 with telemetry.process_span(m.topic, m.partition, m.offset, record.headers, settings.app_id):
                     await handle(record)
             write_table()

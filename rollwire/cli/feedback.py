@@ -98,7 +98,12 @@ def add_join(sub) -> None:
     join.add_argument("--config", type=Path, help="TOML file with a [joiner] table")
     join.add_argument("--tokenizer", metavar="DIR", help="the served model's tokenizer, to render corrections "
                                                          "(overrides [joiner] tokenizer)")
-    join.add_argument("--exit-when-idle", type=float, metavar="SECONDS", help="stop when nothing arrived for SECONDS")
+    join.add_argument("--driver", choices=["faust", "embedded"],
+                      help="faust (default with --bus kafka: start more workers with the same --app-id to scale out) "
+                           "or the in-process driver (default, and the only choice, with the embedded log)")
+    join.add_argument("--app-id", default="rollwire-joiner", help="faust app id / consumer group (default: %(default)s)")
+    join.add_argument("--exit-when-idle", type=float, metavar="SECONDS",
+                      help="in-process driver: stop when nothing arrived for SECONDS")
     add_bus_options(join)
     join.set_defaults(run=cmd_join)
 
@@ -107,23 +112,35 @@ def cmd_join(args: argparse.Namespace) -> int:
     from rollwire.bus import catalog_topics, open_log
     from rollwire.cli.options import config_table, validated
     from rollwire.schemas.topics import Topics
-    from rollwire.streams.embedded_joiner import EmbeddedJoiner
     from rollwire.streams.feedback_join import FeedbackJoiner, FeedbackJoinSettings
     table = config_table(args.config, "joiner", "join")
     if args.tokenizer:
         table["tokenizer"] = args.tokenizer
     settings = validated(FeedbackJoinSettings, table, "joiner", "join")
+    driver = args.driver or ("faust" if args.bus == "kafka" else "embedded")
+    if driver == "faust" and args.bus != "kafka":
+        raise SystemExit("rollwire join: --driver faust needs --bus kafka (faust workers need a Kafka broker)")
     topics = Topics(args.prefix)
+    joiner = FeedbackJoiner.from_settings(settings)
+    if driver == "faust":
+        from rollwire.streams.faust_app import FaustWorkerSettings, run_worker
+        from rollwire.streams.faust_joiner import build_app
+        with open_log(bus_settings(args)) as log:
+            log.create_topics(catalog_topics(topics))
+        app = build_app(FaustWorkerSettings(app_id=args.app_id), joiner, bus=bus_settings(args), topics=topics)
+        run_worker(app, loglevel="debug" if args.verbose else "warning")
+        return 0
+    from rollwire.streams.embedded_joiner import EmbeddedJoiner
     with open_log(bus_settings(args)) as log:
         log.create_topics(catalog_topics(topics))
-        joiner = EmbeddedJoiner(log, topics, FeedbackJoiner.from_settings(settings))
+        service = EmbeddedJoiner(log, topics, joiner, group_id=args.app_id)
         try:
-            joiner.run(stop_after_idle_s=args.exit_when_idle)
+            service.run(stop_after_idle_s=args.exit_when_idle)
         except KeyboardInterrupt:
             pass
         finally:
-            joiner.close()
-    print(json.dumps(dict(joiner.stats)))
+            service.close()
+    print(json.dumps(dict(service.stats)))
     return 0
 
 

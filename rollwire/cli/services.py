@@ -109,8 +109,8 @@ def cmd_score(args: argparse.Namespace) -> int:
     log.create_topics(catalog_topics(topics))
     if driver == "faust":
         log.close()
-        from rollwire.streams.faust_app import FaustScorerSettings, build_app, run_worker
-        app = build_app(FaustScorerSettings(app_id=args.app_id), settings, bus=bus_settings(args), topics=topics)
+        from rollwire.streams.faust_app import FaustWorkerSettings, build_app, run_worker
+        app = build_app(FaustWorkerSettings(app_id=args.app_id), settings, bus=bus_settings(args), topics=topics)
         run_worker(app, loglevel="debug" if args.verbose else "warning")
         return 0
     from rollwire.streams.embedded_scorer import EmbeddedScorer

@@ -7,7 +7,7 @@
     dispatcher   tasks, paced by the off-policy budget (rollwire.producers.dispatcher)
     gateway      `rollwire serve` in front of the replica  (rollwire.producers.gateway)    [feedback]
     feedback-api `rollwire feedback serve`                 (rollwire.producers.feedback_api) [feedback]
-    joiner       `rollwire join`                           (rollwire.streams.embedded_joiner) [feedback]
+    joiner       `rollwire join`: faust on Kafka, in-process on the embedded log                [feedback]
 
 The supervisor (`rollwire.run.supervisor`) starts these; each reads its settings from the
 resolved recipe and stops cleanly on SIGTERM (Ctrl-C reaches only the supervisor).
@@ -45,8 +45,8 @@ def run_replica(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
 
 def run_scorer(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
     if recipe.bus.type == "kafka":
-        from rollwire.streams.faust_app import FaustScorerSettings, build_app, run_worker
-        settings = FaustScorerSettings(app_id=f"{topics.prefix}-scorer", data_dir=recipe.run_dir / "faust")
+        from rollwire.streams.faust_app import FaustWorkerSettings, build_app, run_worker
+        settings = FaustWorkerSettings(app_id=f"{topics.prefix}-scorer", data_dir=recipe.run_dir / "faust")
         run_worker(build_app(settings, recipe.scorer, bus=recipe.bus, topics=topics), loglevel="warning")
         return
     from rollwire.streams.embedded_scorer import EmbeddedScorer
@@ -105,8 +105,15 @@ def run_feedback_api(recipe: RunRecipe, log, topics: Topics, index: int) -> None
 
 
 def run_joiner(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
-    from rollwire.streams.embedded_joiner import EmbeddedJoiner
     from rollwire.streams.feedback_join import FeedbackJoiner
+    if recipe.bus.type == "kafka":
+        from rollwire.streams.faust_app import FaustWorkerSettings, run_worker
+        from rollwire.streams.faust_joiner import build_app
+        settings = FaustWorkerSettings(app_id=f"{topics.prefix}-joiner", data_dir=recipe.run_dir / "faust")
+        run_worker(build_app(settings, FeedbackJoiner.from_settings(recipe.feedback.join), bus=recipe.bus,
+                             topics=topics), loglevel="warning")
+        return
+    from rollwire.streams.embedded_joiner import EmbeddedJoiner
     joiner = EmbeddedJoiner(log, topics, FeedbackJoiner.from_settings(recipe.feedback.join))
     try:
         joiner.run()

@@ -12,7 +12,7 @@ from builders import group_of, tick
 from rollwire.bus import KafkaBusSettings
 from rollwire.bus.partitioner import partition_for
 from rollwire.schemas import Codec, DeadLetter, RolloutsDropped, ScoredRollout, Topics
-from rollwire.streams.faust_app import FaustScorerSettings, build_app
+from rollwire.streams.faust_app import FaustWorkerSettings, build_app
 from rollwire.streams.scoring import ScorerSettings
 
 
@@ -22,7 +22,7 @@ def run_agent(values: list[tuple[bytes, bytes]], scorer_settings: ScorerSettings
     async def sink(topic, key, value, headers):
         sent.append((topic, Codec().decode(value).event))
 
-    settings = FaustScorerSettings(app_id="unit-scorer")
+    settings = FaustWorkerSettings(app_id="unit-scorer")
     app = build_app(settings, scorer_settings,
                     bus=KafkaBusSettings(bootstrap_servers="127.0.0.1:1"), topics=Topics("unit"), sink=sink)
     app.finalize()
