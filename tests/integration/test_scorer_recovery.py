@@ -1,5 +1,6 @@
 """Kill the scorer mid-stream, restart it: every complete group is scored exactly once after
-dedupe, and the groups it held open are rebuilt from the `scorer-state` changelog.
+dedupe, and the groups it held open are rebuilt from the `scorer-state` changelog; rollouts that
+arrived while it was down on a partition it had never committed are read too.
 
 Runs the faust worker against the real broker, and the in-process driver on the embedded log.
 """
@@ -18,6 +19,7 @@ import pytest
 from builders import group_of
 
 from rollwire.bus import Beginning, EmbeddedBusSettings, EventProducer, catalog_topics, open_log
+from rollwire.bus.partitioner import partition_for
 from rollwire.schemas import Codec, Topics
 
 GROUPS = 12
@@ -62,7 +64,11 @@ def test_a_killed_scorer_restarts_and_scores_every_group_once(backend, request, 
     topics, log = Topics(prefix), open_log(bus_settings)
     log.create_topics(catalog_topics(topics))
     producer = EventProducer(log.producer(), topics, name="test")
-    groups = {f"g{i}": group_of(f"g{i}", [1, 0, 0, 1] if i % 2 else [1, 1, 0, 0]) for i in range(GROUPS)}
+    # Rollouts partition 0 stays empty until the scorer is down: a partition never committed.
+    names = [f"g{i}" for i in range(4 * GROUPS)]
+    kept = [n for n in names if partition_for(n.encode(), log.partitions(topics.rollouts)) != 0][:GROUPS]
+    fresh = [n for n in names if partition_for(n.encode(), log.partitions(topics.rollouts)) == 0][:2]
+    groups = {n: group_of(n, [1, 0, 0, 1] if i % 2 else [1, 1, 0, 0]) for i, n in enumerate(kept)}
     # Phase 1: half the groups complete, the other half only half-delivered.
     first = [r for i, g in enumerate(groups.values()) for r in (g if i < GROUPS // 2 else g[:2])]
     for r in first:
@@ -79,9 +85,11 @@ def test_a_killed_scorer_restarts_and_scores_every_group_once(backend, request, 
         os.kill(scorer.pid, signal.SIGKILL)
         scorer.wait()
 
-    # Phase 2, while the scorer is down: the missing halves, and redeliveries of earlier rollouts.
+    # Phase 2, while the scorer is down: the missing halves, redeliveries of earlier rollouts, and
+    # whole groups on the partition nothing was read from yet.
     second = [r for g in list(groups.values())[GROUPS // 2:] for r in g[2:]]
-    for r in second + first[:3]:
+    groups.update({n: group_of(n, [1, 0, 1, 0]) for n in fresh})
+    for r in second + first[:3] + [r for n in fresh for r in groups[n]]:
         producer.send(topics.rollouts, r, key=r.group_id)
     producer.close()
 
