@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from pathlib import Path
 
 import httpx
 import pytest
 
-from rollwire.bus import Beginning, EmbeddedBusSettings, open_log
+from rollwire.bus import Beginning, EmbeddedBusSettings, KafkaBusSettings, open_log
 from rollwire.schemas import Codec
 from runs import SHORT, finish, metrics_rows, start_run
 
@@ -54,22 +55,30 @@ def _wait_healthy(url: str, process, timeout_s: float = 400) -> None:
         time.sleep(1.0)
 
 
-def _events(run_dir: Path, topic: str) -> list:
-    with open_log(EmbeddedBusSettings(path=run_dir / "log")) as log, log.reader([topic], Beginning()) as reader:
+def _events(run: dict, topic: str) -> list:
+    """Every event on the run's `topic` (its short name)."""
+    bus = run["bus"] or EmbeddedBusSettings(path=run["run_dir"] / "log")
+    with open_log(bus) as log, log.reader([f"{run['name']}.{topic}"], Beginning()) as reader:
         out = []
-        while batch := reader.poll_batch(1000, 0.5):
+        while batch := reader.poll_batch(1000, 1.0):
             out += [Codec().decode(r.value).event for r in batch if r.value]
         return out
 
 
-@pytest.fixture(scope="module")
-def feedback_run(tmp_path_factory) -> dict:
+@pytest.fixture(scope="module", params=["embedded", pytest.param("kafka", marks=pytest.mark.kafka)])
+def feedback_run(request, tmp_path_factory) -> dict:
+    """One run with production feedback on each log: on Kafka the joiner is the faust worker."""
     from openai import OpenAI
     folder = tmp_path_factory.mktemp("feedback-run")
-    run_dir = folder / "prod"
+    name = f"prod{uuid.uuid4().hex[:8]}"
+    run_dir = folder / name
     recipe = folder / "prod.toml"
-    recipe.write_text(SHORT.format(name="prod", steps=8) + FEEDBACK)
-    process = start_run(str(recipe), "--run-dir", str(run_dir))
+    recipe.write_text(SHORT.format(name=name, steps=8) + FEEDBACK)
+    bus, bus_args = None, []
+    if request.param == "kafka":
+        bootstrap = request.getfixturevalue("kafka_bootstrap")
+        bus, bus_args = KafkaBusSettings(bootstrap_servers=bootstrap), ["--bus", "kafka", "--bootstrap", bootstrap]
+    process = start_run(str(recipe), "--run-dir", str(run_dir), *bus_args)
     try:
         resolved = _recipe_json(run_dir, process)
         gateway, ingest = resolved["feedback"]["gateway"], resolved["feedback"]["ingest"]
@@ -99,8 +108,8 @@ def feedback_run(tmp_path_factory) -> dict:
         if process.poll() is None:
             finish(process, 5)
     (folder / "run.out").write_text(output)
-    return {"run_dir": run_dir, "code": process.returncode, "output": output, "receipts": receipts,
-            "posted": posted.json()}
+    return {"run_dir": run_dir, "name": name, "bus": bus, "code": process.returncode, "output": output,
+            "receipts": receipts, "posted": posted.json()}
 
 
 def test_feedback_from_the_gateways_receipts_is_trained_by_its_own_objective(feedback_run):
@@ -108,16 +117,16 @@ def test_feedback_from_the_gateways_receipts_is_trained_by_its_own_objective(fee
     assert feedback_run["code"] == 0, feedback_run["output"][-3000:]
     assert "production: OpenAI API at http://127.0.0.1:" in feedback_run["output"]
     assert [r["status"] for r in feedback_run["posted"]["results"]] == ["stored"] * 3
-    served = {e.response_id: e for e in _events(run_dir, "prod.served")}
+    served = {e.response_id: e for e in _events(feedback_run, "served")}
     assert set(feedback_run["receipts"]) <= set(served)  # every response recorded behind its receipt
-    steps = _events(run_dir, "prod.train")
+    steps = _events(feedback_run, "train")
     trained = {rid: step for step in steps for rid in step.rollout_ids}
     assert {"fb-rating", "fb-preference", "fb-correction"} <= set(trained), [s.samples for s in steps]
     assert all(step.samples.get("production", 0) <= 4 for step in steps)  # a quarter of 16, at most
     assert all(sum(v for k, v in step.samples.items() if k != "production") == 16 for step in steps)
     assert trained["fb-correction"].samples["sft"] >= 1 and trained["fb-preference"].samples["preference"] >= 1
     assert "dpo_margin" in trained["fb-preference"].loss_metrics and "sft_nll" in trained["fb-correction"].loss_metrics
-    samples = {e.rollout.rollout_id: e for e in _events(run_dir, "prod.scored") if e.production is not None}
+    samples = {e.rollout.rollout_id: e for e in _events(feedback_run, "scored") if e.production is not None}
     rating = samples["fb-rating"]
     assert rating.rollout.completion_token_ids == served[feedback_run["receipts"][0]].call.completion_token_ids
     assert rating.rollout.completion_logprobs == served[feedback_run["receipts"][0]].call.completion_logprobs
@@ -135,11 +144,12 @@ def test_a_feedback_item_is_traced_from_its_post_to_the_trainer_step_and_linked_
     assert ingest["service"] == "rollwire-feedback-api"
     join = next(s for s in spans if s["name"] == "join feedback" and s["attributes"]["rollwire.feedback_id"] == "fb-rating")
     assert join["trace_id"] == ingest["trace_id"] and join["service"] == "rollwire-joiner"
-    served = {e.response_id: e for e in _events(feedback_run["run_dir"], "prod.served")}
+    served = {e.response_id: e for e in _events(feedback_run, "served")}
     request_trace = served[feedback_run["receipts"][0]].traceparent.split("-")[1]
     assert [link["trace_id"] for link in join["links"]] == [request_trace]  # the gateway's request
     assert any(s["trace_id"] == request_trace and s["service"] == "rollwire-gateway" for s in spans)
-    send = next(s for s in spans if s["name"] == "send prod.scored" and s["parent_span_id"] == join["span_id"])
+    send = next(s for s in spans if s["name"] == f"send {feedback_run['name']}.scored"
+                and s["parent_span_id"] == join["span_id"])
     step = next(s for s in spans if s["name"] == "trainer step"
                 and any(link["span_id"] == send["span_id"] for link in s["links"]))
     assert step["service"] == "rollwire-trainer" and by_id[send["span_id"]]["trace_id"] == ingest["trace_id"]
