@@ -69,12 +69,23 @@ class Supervisor:
         return child
 
     def _spawn(self, child: Child) -> None:
-        with open(child.log_path, "ab") as out:
-            child.process = subprocess.Popen(
-                [sys.executable, "-m", "rollwire.run.roles", child.role, str(self.recipe_json),
-                 "--index", str(child.index)],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env,
-                start_new_session=True, preexec_fn=die_with_parent)
+        # Ctrl-C (or SIGTERM) between the fork and `child.process` being set would leave a child that
+        # `stop` does not know of: the signals wait until it is recorded (the child unblocks them).
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+
+        def setup() -> None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+            die_with_parent()
+
+        try:
+            with open(child.log_path, "ab") as out:
+                child.process = subprocess.Popen(
+                    [sys.executable, "-m", "rollwire.run.roles", child.role, str(self.recipe_json),
+                     "--index", str(child.index)],
+                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env,
+                    start_new_session=True, preexec_fn=setup)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
     def check(self) -> list[str]:
         """Restarts crashed children after a backoff (without blocking); returns what happened, one
