@@ -90,6 +90,27 @@ class GroupTable(faust.Table):
         return partition_for(group_id, self.partitions)
 
 
+def record_of(event: Any, default_topic: str) -> Record:
+    """The `Record` of a faust stream event (the topic `default_topic` when faust gives none)."""
+    m = event.message
+    return Record(topic=m.topic or default_topic, partition=m.partition, offset=m.offset, key=m.key, value=m.value,
+                  timestamp_ms=int(m.timestamp * 1000), headers=tuple(message_headers(m)))
+
+
+def table_event(table: Any, key: bytes, codec: Codec, what: str) -> Any:
+    """The event a table holds under `key`, or None; a value that does not decode is logged and
+    forgotten (faust keeps no offset for table values, so there is no record to dead-letter)."""
+    data = table.get(key)
+    if not data:
+        return None
+    try:
+        return codec.decode(data).event
+    except SchemaError as exc:
+        logger.error("%s value under %r does not decode, forgetting it: %s", what, key, exc)
+        table.pop(key, None)
+        return None
+
+
 Sink = Callable[[str, bytes | None, bytes, list[tuple[str, bytes]]], Awaitable[None]]
 """`await sink(topic_name, key, value, headers)`: where the agent's output records go."""
 
@@ -182,17 +203,7 @@ def build_app(settings: FaustWorkerSettings, scorer_settings: ScorerSettings, *,
                 groups[key.encode()] = codec.encode(record, producer=settings.app_id)
 
     def stored(key: bytes):
-        """The table's event under `key`; a value that does not decode is logged and forgotten
-        (faust keeps no offset for table values, so there is no record to dead-letter)."""
-        data = groups.get(key)
-        if not data:
-            return None
-        try:
-            return codec.decode(data).event
-        except SchemaError as exc:
-            logger.error("scorer-state value under %r does not decode, forgetting it: %s", key, exc)
-            groups.pop(key, None)
-            return None
+        return table_event(groups, key, codec, "scorer-state")
 
     def state_of(group_id: str) -> ScorerGroupState | None:
         if group_id not in held:
@@ -210,10 +221,9 @@ def build_app(settings: FaustWorkerSettings, scorer_settings: ScorerSettings, *,
         # never pass a record whose outputs and table changes were not yet sent.
         async for batch in stream.take_events(settings.batch_records, within=settings.batch_wait_s):
             for event in batch:
-                m = event.message
-                record = Record(topic=m.topic or topics.rollouts, partition=m.partition, offset=m.offset, key=m.key,
-                                value=m.value, timestamp_ms=int(m.timestamp * 1000), headers=tuple(message_headers(m)))
-                with telemetry.process_span(m.topic, m.partition, m.offset, record.headers, settings.app_id):
+                record = record_of(event, topics.rollouts)
+                with telemetry.process_span(record.topic, record.partition, record.offset, record.headers,
+                                            settings.app_id):
                     await handle(record)
             write_table()
 

@@ -42,7 +42,7 @@ from rollwire.schemas.rollout import ScoredRollout
 from rollwire.schemas.scorer import ScorerTick
 from rollwire.schemas.serving import ResponseServed
 from rollwire.schemas.topics import Topics
-from rollwire.streams.faust_app import FaustWorkerSettings, faust_app, message_headers
+from rollwire.streams.faust_app import FaustWorkerSettings, faust_app, record_of, table_event
 from rollwire.streams.feedback_join import FeedbackJoiner, JoinStep, joining_span, receipt_of
 
 logger = logging.getLogger(__name__)
@@ -97,15 +97,7 @@ def build_app(settings: FaustWorkerSettings, joiner: FeedbackJoiner, *, bus: Kaf
         return partition_for(receipt.encode(), partitions)
 
     def stored(key: bytes) -> Event | None:
-        data = receipts.get(key)
-        if not data:
-            return None
-        try:
-            return codec.decode(data).event
-        except SchemaError as exc:  # faust keeps no offset for table values: nothing to dead-letter
-            logger.error("joiner-state value under %r does not decode, forgetting it: %s", key, exc)
-            receipts.pop(key, None)
-            return None
+        return table_event(receipts, key, codec, "joiner-state")
 
     def state_of(receipt: str) -> FeedbackJoinState | None:
         if receipt not in held:
@@ -167,35 +159,35 @@ def build_app(settings: FaustWorkerSettings, joiner: FeedbackJoiner, *, bus: Kaf
     async def dead_letter(record: Record, error: Exception | str, stage: str) -> None:
         await send("deadletter", dead_letter_for(record, error, stage=stage, component="feedback-joiner"), record.topic)
 
-    def record_of(event: Any, default_topic: str) -> Record:
-        m = event.message
-        return Record(topic=m.topic or default_topic, partition=m.partition, offset=m.offset, key=m.key,
-                      value=m.value, timestamp_ms=int(m.timestamp * 1000), headers=tuple(message_headers(m)))
+    async def decoded(record: Record) -> Event | None:
+        """The record's event; None for a tombstone, or one that does not decode (dead-lettered)."""
+        if record.value is None:
+            return None
+        try:
+            return codec.decode(record.value).event
+        except SchemaError as exc:
+            await dead_letter(record, exc, "decode")
+            return None
 
     @app.agent(app.topic(topics.served, topics.feedback, **raw), concurrency=1)
     async def route(stream) -> None:
         async for batch in stream.take_events(settings.batch_records, within=settings.batch_wait_s):
             for event in batch:
                 record = record_of(event, topics.served)
-                if record.value is None:
+                if (incoming := await decoded(record)) is None:
                     continue
-                try:
-                    decoded = codec.decode(record.value).event
-                except SchemaError as exc:
-                    await dead_letter(record, exc, "decode")
-                    continue
-                if isinstance(decoded, ResponseServed):
-                    receipt: str | None = decoded.response_id
-                elif isinstance(decoded, FeedbackReceived):
-                    receipt = receipt_of(decoded)
+                if isinstance(incoming, ResponseServed):
+                    receipt: str | None = incoming.response_id
+                elif isinstance(incoming, FeedbackReceived):
+                    receipt = receipt_of(incoming)
                 else:
-                    await dead_letter(record, f"a {decoded.type} event does not belong on {record.topic}", "process")
+                    await dead_letter(record, f"a {incoming.type} event does not belong on {record.topic}", "process")
                     continue
                 if receipt is None:  # nothing to join: rendered from its messages, or dropped
                     with telemetry.process_span(record.topic, record.partition, record.offset, record.headers,
                                                 settings.app_id):
-                        assert isinstance(decoded, FeedbackReceived)
-                        for out in joiner.on_feedback(None, decoded, {}).events:
+                        assert isinstance(incoming, FeedbackReceived)
+                        for out in joiner.on_feedback(None, incoming, {}).events:
                             await emit(out, None)
                     continue
                 await joiner_in.send(key=receipt.encode(), value=record.value, headers=list(record.headers),
@@ -213,30 +205,25 @@ def build_app(settings: FaustWorkerSettings, joiner: FeedbackJoiner, *, bus: Kaf
                     await handle(record)
 
     async def handle(record: Record) -> None:
-        if record.value is None:
-            return
-        try:
-            decoded = codec.decode(record.value).event
-        except SchemaError as exc:
-            await dead_letter(record, exc, "decode")
+        if (incoming := await decoded(record)) is None:
             return
         partition = record.partition
-        if isinstance(decoded, ScorerTick):
+        if isinstance(incoming, ScorerTick):
             now, schedule = now_ms(), schedule_of(partition)
             while schedule and schedule[0][0] <= now:
                 receipt = heapq.heappop(schedule)[1]
                 if (state := state_of(receipt)) is not None:
                     await apply(receipt, joiner.on_tick(state, now=now))
             return
-        if isinstance(decoded, ResponseServed):
-            receipt = decoded.response_id
-            await apply(receipt, joiner.on_served(state_of(receipt), decoded, baselines_of(partition)))
-        elif isinstance(decoded, FeedbackReceived) and (receipt := receipt_of(decoded) or "") != "":
-            await apply(receipt, joiner.on_feedback(state_of(receipt), decoded, baselines_of(partition)))
-        elif isinstance(decoded, PartnerRecord):
-            await apply(decoded.to, joiner.on_partner(state_of(decoded.to), decoded, baselines_of(partition)))
+        if isinstance(incoming, ResponseServed):
+            receipt = incoming.response_id
+            await apply(receipt, joiner.on_served(state_of(receipt), incoming, baselines_of(partition)))
+        elif isinstance(incoming, FeedbackReceived) and (receipt := receipt_of(incoming) or "") != "":
+            await apply(receipt, joiner.on_feedback(state_of(receipt), incoming, baselines_of(partition)))
+        elif isinstance(incoming, PartnerRecord):
+            await apply(incoming.to, joiner.on_partner(state_of(incoming.to), incoming, baselines_of(partition)))
         else:
-            await dead_letter(record, f"a {decoded.type} event does not belong on {record.topic}", "process")
+            await dead_letter(record, f"a {incoming.type} event does not belong on {record.topic}", "process")
 
     @app.timer(interval=settings.tick_s, on_leader=True)
     async def tick() -> None:

@@ -7,7 +7,14 @@ import argparse
 import json
 from pathlib import Path
 
-from rollwire.cli.options import add_bus_options, add_command_group, add_step, bus_settings
+from rollwire.cli.options import (
+    add_bus_options,
+    add_command_group,
+    add_processor_options,
+    add_step,
+    bus_settings,
+    processor_driver,
+)
 
 ITEM_HELP = """\
 an item (JSON), the fields of `feedback.received` less those the server sets:
@@ -91,19 +98,15 @@ def add_join(sub) -> None:
                     "  preference  a pair for DPO: both receipts' served tokens, the chosen one first\n"
                     "Feedback whose responses never arrive within window_s, and what cannot train, go to\n"
                     "`drops` with the reason. Its state is on `joiner-state`: a restarted joiner loses\n"
-                    "nothing and doubles nothing. One process per run.",
+                    "nothing and doubles nothing. On Kafka it runs as a faust worker (more workers with the\n"
+                    "same --app-id split the receipts); in-process, one process holds them all.",
         epilog="settings file (TOML), all keys optional:\n"
                "  [joiner]\n  window_s = 3600\n  served_retention_s = 604800\n  baseline = \"source_mean\"   # or none\n"
                "  tokenizer = \"runs/demo/base\"   # the served model's, for corrections")
     join.add_argument("--config", type=Path, help="TOML file with a [joiner] table")
     join.add_argument("--tokenizer", metavar="DIR", help="the served model's tokenizer, to render corrections "
                                                          "(overrides [joiner] tokenizer)")
-    join.add_argument("--driver", choices=["faust", "embedded"],
-                      help="faust (default with --bus kafka: start more workers with the same --app-id to scale out) "
-                           "or the in-process driver (default, and the only choice, with the embedded log)")
-    join.add_argument("--app-id", default="rollwire-joiner", help="faust app id / consumer group (default: %(default)s)")
-    join.add_argument("--exit-when-idle", type=float, metavar="SECONDS",
-                      help="in-process driver: stop when nothing arrived for SECONDS")
+    add_processor_options(join, app_id="rollwire-joiner", idle_help="stop when nothing arrived for SECONDS")
     add_bus_options(join)
     join.set_defaults(run=cmd_join)
 
@@ -117,9 +120,7 @@ def cmd_join(args: argparse.Namespace) -> int:
     if args.tokenizer:
         table["tokenizer"] = args.tokenizer
     settings = validated(FeedbackJoinSettings, table, "joiner", "join")
-    driver = args.driver or ("faust" if args.bus == "kafka" else "embedded")
-    if driver == "faust" and args.bus != "kafka":
-        raise SystemExit("rollwire join: --driver faust needs --bus kafka (faust workers need a Kafka broker)")
+    driver = processor_driver(args, "join")
     topics = Topics(args.prefix)
     joiner = FeedbackJoiner.from_settings(settings)
     if driver == "faust":

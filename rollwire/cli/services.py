@@ -8,10 +8,12 @@ from pathlib import Path
 
 from rollwire.cli.options import (
     add_bus_options,
+    add_processor_options,
     add_settings_flags,
     add_store_options,
     bus_settings,
     config_table,
+    processor_driver,
     settings_flags,
     store_settings,
     validated,
@@ -38,12 +40,8 @@ def add_score(sub) -> None:
                "  [scorer.group_rewards]\n"
                "  reverse-digits = [{ name = \"shortest_correct\", bonus = 0.2, correct = \"exact_match\" }]")
     score.add_argument("--config", type=Path, help="TOML file with a [scorer] table")
-    score.add_argument("--driver", choices=["faust", "embedded"],
-                       help="faust (default with --bus kafka) or the in-process driver (default, and the "
-                            "only choice, with the embedded log)")
-    score.add_argument("--app-id", default="rollwire-scorer", help="faust app id / consumer group (default: %(default)s)")
-    score.add_argument("--exit-when-idle", type=float, metavar="SECONDS",
-                       help="embedded driver: stop after SECONDS without rollouts (for batch replays)")
+    add_processor_options(score, app_id="rollwire-scorer",
+                          idle_help="stop after SECONDS without rollouts (for batch replays)")
     add_bus_options(score)
     score.set_defaults(run=cmd_score)
 
@@ -101,9 +99,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     from rollwire.bus import catalog_topics, open_log
     from rollwire.schemas.topics import Topics
     settings = _scorer_settings(args.config)
-    driver = args.driver or ("faust" if args.bus == "kafka" else "embedded")
-    if driver == "faust" and args.bus != "kafka":
-        raise SystemExit("rollwire score: --driver faust needs --bus kafka (faust workers need a Kafka broker)")
+    driver = processor_driver(args, "score")
     topics = Topics(args.prefix)
     log = open_log(bus_settings(args))
     log.create_topics(catalog_topics(topics))

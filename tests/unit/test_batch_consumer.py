@@ -11,11 +11,16 @@ from rollwire.schemas import Topics
 from rollwire.schemas.base import now_ms
 
 
-def test_rollouts_that_went_stale_while_pending_are_dropped_not_trained(tmp_path):
-    topics = Topics("b")
+def scored_log(tmp_path, prefix: str):
+    """An embedded log with the catalog's topics under `prefix`, and a producer to fill `scored`."""
+    topics = Topics(prefix)
     log = open_log(EmbeddedBusSettings(path=tmp_path / "log"))
     log.create_topics(catalog_topics(topics))
-    producer = EventProducer(log.producer(), topics, name="scorer")
+    return log, topics, EventProducer(log.producer(), topics, name="scorer")
+
+
+def test_rollouts_that_went_stale_while_pending_are_dropped_not_trained(tmp_path):
+    log, topics, producer = scored_log(tmp_path, "b")
     for i in range(8):  # sampled at version 0, all on one partition
         producer.send(topics.scored, trainable(i, version=0), key="g")
     producer.flush()
@@ -36,10 +41,7 @@ def test_rollouts_that_went_stale_while_pending_are_dropped_not_trained(tmp_path
 
 
 def test_production_feedback_fills_at_most_its_share_of_a_batch_and_expires_by_age_not_version(tmp_path):
-    topics = Topics("m")
-    log = open_log(EmbeddedBusSettings(path=tmp_path / "log"))
-    log.create_topics(catalog_topics(topics))
-    producer = EventProducer(log.producer(), topics, name="joiner")
+    log, topics, producer = scored_log(tmp_path, "m")
     for i in range(5):  # served by version 0, the trainer is far ahead: still trainable, by age
         producer.send(topics.scored, production(i), key="g")
     producer.send(topics.scored, production(9, served_at_ms=now_ms() - 7_200_000), key="g")  # two hours ago
@@ -69,10 +71,7 @@ def test_production_feedback_fills_at_most_its_share_of_a_batch_and_expires_by_a
 
 
 def test_a_preference_is_checked_on_both_responses(tmp_path):
-    topics = Topics("p")
-    log = open_log(EmbeddedBusSettings(path=tmp_path / "log"))
-    log.create_topics(catalog_topics(topics))
-    producer = EventProducer(log.producer(), topics, name="joiner")
+    log, topics, producer = scored_log(tmp_path, "p")
     pair = production(0, objective="preference")
     bad = pair.rejected.model_copy(update={"completion_token_ids": [500] * len(pair.rejected.completion_token_ids)})
     producer.send(topics.scored, pair.model_copy(update={"rejected": bad}), key="g")
