@@ -16,13 +16,12 @@ from __future__ import annotations
 import ast
 import json
 import operator
-import os
 import re
 import subprocess
 from collections.abc import Callable
 
 from rollwire.errors import RollwireError
-from rollwire.processes import die_with_parent
+from rollwire.processes import agent_environment, die_with_parent
 from rollwire.producers.interception import Interceptor
 from rollwire.producers.interception_server import InterceptionServer
 from rollwire.registry import Registry
@@ -95,11 +94,12 @@ def run_against_endpoint(command: list[str], server: InterceptionServer, interce
                          env: Callable[[str], dict[str, str]], *, timeout_s: float,
                          what: str) -> subprocess.CompletedProcess:
     """Runs `command` with the rollout's own OpenAI-compatible URL (`env(url)` says under which
-    variables), killing it past `timeout_s` (`HarnessTimeout`); every call it makes is recorded by
-    `interceptor`. Shared by agent scripts and the subprocess runtime."""
+    variables) and no credential of ours in its environment (`agent_environment`), killing it past
+    `timeout_s` (`HarnessTimeout`); every call it makes is recorded by `interceptor`. Shared by
+    agent scripts and the subprocess runtime."""
     base_url = server.open(interceptor)
     try:
-        return subprocess.run(command, env={**os.environ, **env(base_url)}, capture_output=True, text=True,
+        return subprocess.run(command, env={**agent_environment(), **env(base_url)}, capture_output=True, text=True,
                               timeout=timeout_s, preexec_fn=die_with_parent)
     except subprocess.TimeoutExpired as exc:
         raise HarnessTimeout(f"{what} ran past {timeout_s:g} s and was killed") from exc

@@ -14,12 +14,12 @@ import os
 import shutil
 import tempfile
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Annotated, BinaryIO, Literal
+from typing import Annotated, Any, BinaryIO, Literal
 from urllib.parse import urlparse
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rollwire.errors import ConfigError, RollwireError
 
@@ -261,14 +261,46 @@ class S3StoreSettings(BaseModel):
     """`host:port` of the S3 API, without scheme."""
     bucket: str = "rollwire"
     """Bucket for weights and payloads; created if missing."""
-    access_key: str = "rollwire"
-    """Access key id; read it from the environment in production recipes."""
-    secret_key: str = "rollwire-secret"
-    """Secret key."""
+    access_key_env: str = "AWS_ACCESS_KEY_ID"
+    """Environment variable holding the access key id. Credentials never live in settings: a
+    recipe's settings are written to `recipe.json` and passed between processes."""
+    secret_key_env: str = "AWS_SECRET_ACCESS_KEY"
+    """Environment variable holding the secret key."""
+    access_key_file: Path | None = None
+    """A file holding the access key id instead (e.g. a mounted secret); read when the store opens."""
+    secret_key_file: Path | None = None
+    """A file holding the secret key instead."""
     secure: bool = False
     """Use TLS (https)."""
     region: str | None = None
     """Bucket region, when the server needs one."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_inline_credentials(cls, data: Any) -> Any:
+        if isinstance(data, dict) and {"access_key", "secret_key"} & set(data):
+            raise ValueError("store credentials never go in settings (they would be written to recipe.json): set "
+                             "$AWS_ACCESS_KEY_ID and $AWS_SECRET_ACCESS_KEY (or the variables access_key_env and "
+                             "secret_key_env name), or access_key_file and secret_key_file")
+        return data
+
+    def credentials(self, environ: Mapping[str, str] = os.environ) -> tuple[str, str]:
+        """`(access key id, secret key)` from the files or the environment; `ConfigError` names what to set."""
+        return (_secret(self.access_key_file, self.access_key_env, environ, "access key id"),
+                _secret(self.secret_key_file, self.secret_key_env, environ, "secret key"))
+
+
+def _secret(path: Path | None, variable: str, environ: Mapping[str, str], what: str) -> str:
+    if path is not None:
+        try:
+            value = path.read_text().strip()
+        except OSError as exc:
+            raise ConfigError(f"cannot read the S3 {what} from {path}: {exc.strerror}") from None
+    else:
+        value = environ.get(variable, "").strip()
+    if not value:
+        raise ConfigError(f"no S3 {what}: set ${variable}" + (f" or fill {path}" if path else ""))
+    return value
 
 
 StoreSettings = Annotated[LocalStoreSettings | S3StoreSettings, Field(discriminator="type")]
@@ -277,6 +309,7 @@ StoreSettings = Annotated[LocalStoreSettings | S3StoreSettings, Field(discrimina
 def open_store(settings: LocalStoreSettings | S3StoreSettings) -> ObjectStore:
     """Opens the object store the settings describe."""
     if settings.type == "s3":
-        return S3Store(settings.endpoint, settings.bucket, access_key=settings.access_key,
-                       secret_key=settings.secret_key, secure=settings.secure, region=settings.region)
+        access_key, secret_key = settings.credentials()
+        return S3Store(settings.endpoint, settings.bucket, access_key=access_key, secret_key=secret_key,
+                       secure=settings.secure, region=settings.region)
     return LocalStore(settings.root)

@@ -4,7 +4,21 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
+import re
 import signal
+from collections.abc import Mapping
+
+CREDENTIAL_NAMES = re.compile(r"SECRET|PASSWORD|PASSWD|TOKEN|CREDENTIAL|_KEY$|_KEY_|^AWS_|SASL|SSL_KEY", re.IGNORECASE)
+"""Environment variables that may hold a credential: store keys, bus passwords, bearer tokens."""
+
+
+def agent_environment(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The environment an agent or harness process gets: this process's, less every variable that
+    may hold a credential (`CREDENTIAL_NAMES`). Agents run code the model wrote; they reach the
+    model through their rollout's URL and need nothing of the bus or the store."""
+    return {name: value for name, value in environ.items() if not CREDENTIAL_NAMES.search(name)}
+
 
 QUIET_LOGGERS = ("httpx", "httpcore", "urllib3")
 """Libraries that log every request at INFO: at hundreds of requests a second that is noise, and CPU."""

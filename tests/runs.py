@@ -47,9 +47,10 @@ def recipe_file(folder: Path, name: str, steps: int) -> Path:
     return path
 
 
-def start_run(*args: str) -> subprocess.Popen:
+def start_run(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """`rollwire run ARGS` as a subprocess, its output piped; `env` added to this process's environment."""
     return subprocess.Popen([sys.executable, "-m", "rollwire", "run", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "200"})
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "200", **(env or {})})
 
 
 def finish(process: subprocess.Popen, timeout_s: float) -> str:

@@ -37,15 +37,14 @@ def add_store_options(parser: argparse.ArgumentParser, purpose: str = "weights")
                        help="S3 host:port (default: $S3_ENDPOINT or %(default)s)")
     group.add_argument("--s3-bucket", default="rollwire", help="bucket (default: %(default)s)")
     group.add_argument("--s3-secure", action="store_true", help="use https")
-    # Credentials come from the environment only, never from the command line (shell history).
+    # Credentials come from $AWS_ACCESS_KEY_ID and $AWS_SECRET_ACCESS_KEY only, never from the command line
+    # (shell history) or settings (recipe.json).
 
 
 def store_settings(args: argparse.Namespace):
     from rollwire.objectstore import LocalStoreSettings, S3StoreSettings
     if args.store == "s3":
-        return S3StoreSettings(endpoint=args.s3_endpoint, bucket=args.s3_bucket, secure=args.s3_secure,
-                               access_key=os.environ.get("AWS_ACCESS_KEY_ID", "rollwire"),
-                               secret_key=os.environ.get("AWS_SECRET_ACCESS_KEY", "rollwire-secret"))
+        return S3StoreSettings(endpoint=args.s3_endpoint, bucket=args.s3_bucket, secure=args.s3_secure)
     return LocalStoreSettings(root=args.store_dir)
 
 

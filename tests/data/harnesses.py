@@ -14,3 +14,9 @@ def raises(row, model):
 
 def echoes_completion(row, model):
     return model.complete(row["prompt"]).upper()
+
+
+def sees_variables(row, model):
+    """Which of `row["names"]` the harness's environment holds."""
+    import os
+    return ",".join(name for name in row["names"] if name in os.environ)

@@ -2,11 +2,13 @@
 run's serving gateway with the real `openai` client, posts a rating, a correction and a preference
 on the receipts it got, and the trainer trains them beside the environment's rollouts: each by its
 own objective, each traced from the feedback's POST to the trainer step, linked to the response's
-request."""
+request. The run holds known secrets (bearer tokens; on Kafka, the S3 store's keys), and none of
+them reaches any of its outputs."""
 
 from __future__ import annotations
 
 import json
+import secrets as secrets_module
 import time
 import uuid
 from pathlib import Path
@@ -15,7 +17,7 @@ import httpx
 import pytest
 
 from rollwire.bus import Beginning, EmbeddedBusSettings, KafkaBusSettings, open_log
-from rollwire.schemas import Codec
+from rollwire.schemas import Codec, Topics
 from runs import SHORT, finish, metrics_rows, start_run
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -30,6 +32,14 @@ port = 0
 
 [trainer.feedback]
 share = 0.25
+"""
+
+S3 = """
+[store]
+type = "s3"
+endpoint = "{endpoint}"
+bucket = "{bucket}"
+region = "us-east-1"
 """
 
 
@@ -74,17 +84,23 @@ def feedback_run(request, tmp_path_factory) -> dict:
     run_dir = folder / name
     recipe = folder / "prod.toml"
     recipe.write_text(SHORT.format(name=name, steps=8) + FEEDBACK)
+    secrets = {"ROLLWIRE_SERVE_TOKENS": f"shop=serve-{secrets_module.token_urlsafe(24)}",
+               "ROLLWIRE_FEEDBACK_TOKENS": f"shop=feedback-{secrets_module.token_urlsafe(24)}"}
     bus, bus_args = None, []
-    if request.param == "kafka":
+    if request.param == "kafka":  # and the weights in an S3 store, its keys known secrets too
         bootstrap = request.getfixturevalue("kafka_bootstrap")
         bus, bus_args = KafkaBusSettings(bootstrap_servers=bootstrap), ["--bus", "kafka", "--bootstrap", bootstrap]
-    process = start_run(str(recipe), "--run-dir", str(run_dir), *bus_args)
+        secrets |= {"AWS_ACCESS_KEY_ID": f"AKIA{secrets_module.token_hex(8).upper()}",
+                    "AWS_SECRET_ACCESS_KEY": secrets_module.token_urlsafe(30)}
+        recipe.write_text(recipe.read_text() + S3.format(endpoint=request.getfixturevalue("s3_endpoint"), bucket=name))
+    serve_token, feedback_token = (secrets[v].split("=", 1)[1] for v in ("ROLLWIRE_SERVE_TOKENS", "ROLLWIRE_FEEDBACK_TOKENS"))
+    process = start_run(str(recipe), "--run-dir", str(run_dir), *bus_args, env=secrets)
     try:
         resolved = _recipe_json(run_dir, process)
         gateway, ingest = resolved["feedback"]["gateway"], resolved["feedback"]["ingest"]
         _wait_healthy(f"http://127.0.0.1:{gateway['port']}/healthz", process)
         _wait_healthy(f"http://127.0.0.1:{ingest['port']}/healthz", process)
-        client = OpenAI(base_url=f"http://127.0.0.1:{gateway['port']}/v1", api_key="unused-on-loopback")
+        client = OpenAI(base_url=f"http://127.0.0.1:{gateway['port']}/v1", api_key=serve_token)
         conversation = [{"role": "user", "content": "R:4821>"}]
         receipts = []
         for i in range(4):  # 0: rated, 1 and 2: compared (one prompt), 3: corrected
@@ -101,7 +117,8 @@ def feedback_run(request, tmp_path_factory) -> dict:
             {"feedback_id": "fb-correction", "source": "shop", "kind": "correction", "correction": "1284",
              "response_id": receipts[3]},
         ]
-        posted = httpx.post(f"http://127.0.0.1:{ingest['port']}/v1/feedback/batch", json=items, timeout=30)
+        posted = httpx.post(f"http://127.0.0.1:{ingest['port']}/v1/feedback/batch", json=items, timeout=30,
+                            headers={"Authorization": f"Bearer {feedback_token}"})
         assert posted.status_code == 200, posted.text
         output = finish(process, 900)
     finally:
@@ -109,7 +126,8 @@ def feedback_run(request, tmp_path_factory) -> dict:
             finish(process, 5)
     (folder / "run.out").write_text(output)
     return {"run_dir": run_dir, "name": name, "bus": bus, "code": process.returncode, "output": output,
-            "receipts": receipts, "posted": posted.json()}
+            "receipts": receipts, "posted": posted.json(), "secrets": secrets,
+            "s3": request.getfixturevalue("s3_endpoint") if request.param == "kafka" else None}
 
 
 def test_feedback_from_the_gateways_receipts_is_trained_by_its_own_objective(feedback_run):
@@ -153,3 +171,34 @@ def test_a_feedback_item_is_traced_from_its_post_to_the_trainer_step_and_linked_
     step = next(s for s in spans if s["name"] == "trainer step"
                 and any(link["span_id"] == send["span_id"] for link in s["links"]))
     assert step["service"] == "rollwire-trainer" and by_id[send["span_id"]]["trace_id"] == ingest["trace_id"]
+
+
+def test_no_secret_reaches_any_output_of_the_run(feedback_run):
+    """Every file the run wrote (recipe.json, logs, spans, metrics, checkpoints), its console output
+    and every record of every topic are searched for each secret the run was given."""
+    secrets = [v.split("=", 1)[-1].encode() for v in feedback_run["secrets"].values()]
+    assert len(secrets) == (4 if feedback_run["s3"] else 2)
+    searched, leaks = 0, []
+    for path in (p for p in feedback_run["run_dir"].rglob("*") if p.is_file()):
+        data = path.read_bytes()
+        searched += len(data)
+        leaks += [f"{path}" for s in secrets if s in data]
+    leaks += ["console output" for s in secrets if s in feedback_run["output"].encode()]
+    bus = feedback_run["bus"] or EmbeddedBusSettings(path=feedback_run["run_dir"] / "log")
+    with open_log(bus) as log:
+        topics = [t for t, _ in Topics(feedback_run["name"]).specs()]
+        with log.reader(topics, Beginning()) as reader:
+            records = 0
+            while batch := reader.poll_batch(1000, 1.0):
+                for r in batch:
+                    blob = (r.key or b"") + (r.value or b"") + b"".join(v for _, v in r.headers)
+                    records += 1
+                    leaks += [f"{r.topic}@{r.offset}" for s in secrets if s in blob]
+    assert leaks == []
+    assert records > 500 and searched > 1_000_000  # the search read a whole run
+    if feedback_run["s3"]:  # the weights went to the S3 store, with the keys from the environment
+        from rollwire.objectstore import S3Store
+        keys = feedback_run["secrets"]
+        store = S3Store(feedback_run["s3"], feedback_run["name"], access_key=keys["AWS_ACCESS_KEY_ID"],
+                        secret_key=keys["AWS_SECRET_ACCESS_KEY"], secure=False, region="us-east-1")
+        assert sum(key.endswith("manifest.json") for key in store.list("policy/")) == 8

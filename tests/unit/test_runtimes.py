@@ -71,3 +71,13 @@ def test_unknown_harness_references_say_what_is_accepted():
         resolve_harness("nope")
     with pytest.raises(HarnessError, match="cannot import"):
         resolve_harness("no_such_module:run")
+
+
+def test_a_harness_subprocess_gets_none_of_our_credentials(subprocess_runtime, monkeypatch):
+    secrets = ["AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "ROLLWIRE_FEEDBACK_TOKENS", "KAFKA_SASL_PASSWORD",
+               "S3_SECRET_KEY_FILE", "HF_TOKEN"]
+    for name in secrets + ["TOOL_SETTING"]:
+        monkeypatch.setenv(name, "set-by-the-test")
+    seen = subprocess_runtime.run("harnesses:sees_variables", {"names": [*secrets, "TOOL_SETTING", "PATH"]},
+                                  ScriptedInterceptor([]), timeout_s=60)
+    assert seen == "TOOL_SETTING,PATH"  # the agent's own settings pass, credentials do not
