@@ -15,10 +15,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from user_runs import SHORT, finish, metrics_rows, start_run
 
 from rollwire.bus import Beginning, EmbeddedBusSettings, KafkaBusSettings, open_log
 from rollwire.schemas import Codec, Topics
-from runs import SHORT, finish, metrics_rows, start_run
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1200)]
 

@@ -18,8 +18,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-
-from runs import finish, metrics_rows, recipe_file, start_run
+from user_runs import finish, metrics_rows, recipe_file, start_run
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1800)]  # whole runs, each its own vLLM
 
