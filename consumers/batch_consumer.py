@@ -10,7 +10,8 @@ nor repeats a rollout. Each rollout ends up in exactly one of:
     a batch        trained at the next step
     drops[key]     `stale` (oldest sampling version more than `max_off_policy` behind),
                    `stale_production` (a production sample served more than
-                   `ProductionMix.max_age_s` ago) — reported with the next step
+                   `ProductionMix.max_age_s` ago), `overflow_production` (the oldest production
+                   samples past `ProductionMix.max_pending` waiting) — reported with the next step
     dead letter    token ids outside the vocabulary, no trainable token
     duplicates     the same rollout id again (the scorer delivers at least once): ignored
 """
@@ -34,6 +35,7 @@ from rollwire.schemas.training import RolloutsDropped, Staleness
 DROP_DETAIL = {
     "stale": "more than {max_off_policy} versions behind the trainer",
     "stale_production": "served more than {max_age_s:g} s ago",
+    "overflow_production": "more than {max_pending} production samples waited for room in a batch",
 }
 """Why samples were dropped, by key of `drops`: environment rollouts and production samples
 apart, so that the dispatcher counts back only its own."""
@@ -75,6 +77,10 @@ class ProductionMix(BaseModel):
     rest. 0 trains none (they are held until `max_age_s`, then dropped); 1 may train on them alone."""
     max_age_s: float = Field(default=7 * 86400.0, gt=0)
     """Production samples served longer ago than this are dropped as stale."""
+    max_pending: int = Field(default=10_000, ge=1)
+    """Most production samples held waiting for room in a batch (environment rollouts are bounded
+    by the dispatcher's budget; feedback arrives at the rate users give it): past it the oldest
+    are dropped (`overflow`) rather than memory growing without bound."""
 
     def cap(self, batch_rollouts: int | None) -> int | None:
         """Most production samples in one batch; None: no cap by count (batches packed by tokens)."""
@@ -120,6 +126,8 @@ class BatchConsumer:
         self.drops: dict[str, list[str]] = collections.defaultdict(list)
         self.counts: collections.Counter[str] = collections.Counter()
         self._pending: collections.deque = collections.deque()
+        self._production_pending = 0
+        """How many of `_pending` are production samples (recounted whenever `_pending` is rebuilt)."""
         self._read: dict[tuple[str, int], int] = {}
 
     def next_batch(self, policy_version: int, timeout_s: float = 1.0) -> Batch | None:
@@ -135,6 +143,7 @@ class BatchConsumer:
             return None
         taken = {id(d) for d in chosen}
         self._pending = collections.deque(d for d in self._pending if id(d) not in taken)
+        self._recount_production()
         environment = [d for d in chosen if d.event.production is None] or chosen
         lags = [self._lag(d.event.rollout, policy_version) for d in environment]
         batch = Batch(rollouts=[d.event for d in chosen], headers=[d.record.headers for d in chosen],
@@ -202,6 +211,17 @@ class BatchConsumer:
             self.counts["stale"] += 1
             return
         self._pending.append(delivery)
+        if scored.production is not None:
+            self._production_pending += 1
+            if self._production_pending > self.mix.max_pending:
+                self._drop_oldest_production()
+
+    def _drop_oldest_production(self) -> None:
+        oldest = next(d for d in self._pending if d.event.production is not None)
+        self._pending.remove(oldest)
+        self._production_pending -= 1
+        self.drops["overflow_production"].append(oldest.event.rollout.rollout_id)
+        self.counts["overflow"] += 1
 
     def _drop_stale_pending(self, policy_version: int) -> None:
         keep: collections.deque[Delivery] = collections.deque()
@@ -214,6 +234,10 @@ class BatchConsumer:
             else:
                 keep.append(delivery)
         self._pending = keep
+        self._recount_production()
+
+    def _recount_production(self) -> None:
+        self._production_pending = sum(1 for d in self._pending if d.event.production is not None)
 
     def _stale(self, scored: ScoredRollout, policy_version: int, now: int) -> bool:
         if scored.production is not None:
@@ -243,9 +267,10 @@ class BatchConsumer:
         return None
 
     def drops_event(self, drops: dict[str, list[str]]) -> list[RolloutsDropped]:
-        values = {"max_off_policy": self.settings.max_off_policy, "max_age_s": self.mix.max_age_s}
-        return [RolloutsDropped(rollout_ids=ids, reason="stale", stage="trainer", detail=DROP_DETAIL[key].format(**values),
-                                production=key.endswith("_production"))
+        values = {"max_off_policy": self.settings.max_off_policy, "max_age_s": self.mix.max_age_s,
+                  "max_pending": self.mix.max_pending}
+        return [RolloutsDropped(rollout_ids=ids, reason=key.removesuffix("_production"), stage="trainer",
+                                detail=DROP_DETAIL[key].format(**values), production=key.endswith("_production"))
                 for key, ids in drops.items() if ids]
 
     def accounted_ids(self) -> list[str]:

@@ -83,14 +83,14 @@ class RolloutsDropped(Event):
 
     SCHEMA_VERSION: ClassVar[int] = 3
     """2 added the feedback joiner's reason `unjoinable` and stage `feedback joiner`; 3 added
-    `production`. Older payloads are valid as they are."""
+    `production` and the reason `overflow` (past a resource bound). Older payloads are valid as they are."""
 
     type: Literal["rollouts.dropped"] = "rollouts.dropped"
     rollout_ids: list[str]
     """The dropped rollouts (for feedback: the feedback ids)."""
     group_id: str | None = None
     """Their group, when all belong to one; None otherwise."""
-    reason: Literal["stale", "invalid", "group_timeout", "errored", "duplicate", "unjoinable"]
+    reason: Literal["stale", "invalid", "group_timeout", "errored", "duplicate", "unjoinable", "overflow"]
     """Why they were dropped."""
     stage: Literal["scorer", "trainer", "feedback joiner"]
     """Which component dropped them."""

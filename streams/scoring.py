@@ -50,6 +50,9 @@ class ScorerSettings(BaseModel):
     """Seconds after a group's first rollout before it is closed incomplete."""
     min_group_size: int = Field(default=2, ge=1)
     """Fewest usable rollouts a group needs to be scored; smaller groups are dropped."""
+    max_group_size: int = Field(default=1024, ge=1)
+    """Most rollouts a group may declare: the scorer holds a whole group, so a rollout of a larger one
+    is dead-lettered with the reason instead of held."""
     retain_closed_s: float = Field(default=3600.0, ge=0)
     """How long a closed group's rollout ids are remembered to recognise redeliveries."""
     group_rewards: dict[str, list[GroupRewardSpec]] = Field(default_factory=dict)
@@ -115,6 +118,9 @@ class GroupScorer:
         return Step(state)
 
     def _reject_reason(self, state: ScorerGroupState | None, rollout: RolloutCompleted) -> str | None:
+        if rollout.group_size > self.settings.max_group_size:
+            return (f"group_size {rollout.group_size} is over the scorer's max_group_size "
+                    f"{self.settings.max_group_size}")
         try:
             advantages.build(rollout.algorithm)
         except UnknownAlgorithmError as exc:

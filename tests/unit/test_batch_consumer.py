@@ -85,3 +85,21 @@ def test_a_preference_is_checked_on_both_responses(tmp_path):
     assert len(letters) == 1
     consumer.close()
     producer.close()
+
+
+def test_production_samples_past_max_pending_are_dropped_oldest_first_and_counted(tmp_path):
+    log, topics, producer = scored_log(tmp_path, "o")
+    for i in range(6):
+        producer.send(topics.scored, production(i), key="g")
+    producer.send(topics.scored, trainable(10), key="g")
+    producer.flush()
+    consumer = BatchConsumer(log, topics, BatchSettings(batch_rollouts=2), vocab_size=82,
+                             mix=ProductionMix(share=0.5, max_pending=3))
+    batch = consumer.next_batch(policy_version=0)
+    assert [s.rollout.rollout_id for s in batch.rollouts] == ["f3", "r10"]  # f0..f2 made room for f3..f5
+    assert batch.drops == {"overflow_production": ["f0", "f1", "f2"]}
+    [dropped] = consumer.drops_event(batch.drops)
+    assert (dropped.reason, dropped.production) == ("overflow", True)
+    assert dropped.detail == "more than 3 production samples waited for room in a batch"
+    consumer.close()
+    producer.close()

@@ -67,6 +67,13 @@ def test_unusable_rollouts_are_rejected_with_a_reason(change, reason):
     assert step.rejected and reason in step.rejected and step.state is None
 
 
+def test_a_group_declared_larger_than_max_group_size_is_never_held():
+    scorer = GroupScorer(ScorerSettings(max_group_size=4))
+    assert scorer.on_rollout(None, group_of("g1", [1, 0, 1, 0])[0], now=T0).state is not None
+    step = scorer.on_rollout(None, group_of("g2", [1, 0, 1, 0, 1])[0], now=T0)
+    assert step.state is None and step.rejected == "group_size 5 is over the scorer's max_group_size 4"
+
+
 def test_a_group_larger_than_declared_or_inconsistent_is_rejected():
     scorer = GroupScorer(ScorerSettings())
     state, _ = feed(scorer, group_of("g1", [1, 0]))
