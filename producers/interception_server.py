@@ -22,6 +22,25 @@ from rollwire.producers.interception import Interceptor
 
 CHAT = ["v1", "chat", "completions"]
 COMPLETIONS = ["v1", "completions"]
+MAX_BODY_BYTES = 16 * 1024 * 1024
+"""Largest request body an agent may send (a conversation of a few million characters); larger get 413."""
+READ_TIMEOUT_S = 60.0
+"""A client that sends nothing for this long is disconnected: a stalled agent holds no thread for good."""
+
+
+def _request_error(body: object, chat: bool) -> str | None:
+    """What is wrong with a request body, or None."""
+    if not isinstance(body, dict):
+        return f"the body is a JSON {type(body).__name__}, not an object"
+    if not chat:
+        return None if isinstance(body.get("prompt"), str) else "`prompt` must be a string"
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return "`messages` must be a non-empty list"
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            return f"`messages[{i}]` must be an object with string `role` and `content`"
+    return None
 
 
 class InterceptionServer:
@@ -54,6 +73,8 @@ class InterceptionServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = READ_TIMEOUT_S
+
             def do_POST(self) -> None:  # noqa: N802 - the http.server API
                 parts = self.path.strip("/").split("/")
                 with server._lock:
@@ -62,12 +83,30 @@ class InterceptionServer:
                 if interceptor is None or parts[0] != "rollouts" or route not in (CHAT, COMPLETIONS):
                     return self._answer(404, {"error": {"message": f"no such rollout endpoint: {self.path}"}})
                 chat = route == CHAT
+                kind = "chat completions" if chat else "completions"
                 try:
-                    body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                    length = int(self.headers.get("Content-Length", "0"))
+                except ValueError:
+                    length = -1
+                if not 0 <= length <= MAX_BODY_BYTES:
+                    self.close_connection = True  # the unread body must not be taken for the next request
+                    return self._answer(413 if length > MAX_BODY_BYTES else 400, {"error": {"message": (
+                        f"the body is over {MAX_BODY_BYTES} bytes" if length > MAX_BODY_BYTES
+                        else "a request needs a valid Content-Length")}})
+                try:
+                    data = self.rfile.read(length)
+                except OSError:  # the client stalled past READ_TIMEOUT_S, or went away: nobody to answer
+                    self.close_connection = True
+                    return None
+                try:
+                    body = json.loads(data)
+                except ValueError as exc:  # UnicodeDecodeError included
+                    return self._answer(400, {"error": {"message": f"not a {kind} request: the body is not JSON: {exc}"}})
+                error = _request_error(body, chat)
+                if error:
+                    return self._answer(400, {"error": {"message": f"not a {kind} request: {error}"}})
+                try:
                     text = interceptor.chat(body["messages"]) if chat else interceptor.complete(body["prompt"])
-                except (ValueError, KeyError, TypeError) as exc:
-                    kind = "chat completions" if chat else "completions"
-                    return self._answer(400, {"error": {"message": f"not a {kind} request: {exc}"}})
                 except Exception as exc:  # the fleet failed: tell the agent, as an API would
                     return self._answer(502, {"error": {"message": f"inference failed: {exc}"}})
                 finish = interceptor.finish_reason or "stop"
@@ -77,7 +116,7 @@ class InterceptionServer:
                 self._answer(200, {
                     "id": f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(6)}",
                     "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-                    "model": body.get("model", "policy"), "choices": [choice],
+                    "model": str(body.get("model", "policy")), "choices": [choice],
                     "usage": {"prompt_tokens": len(last.prompt_token_ids),
                               "completion_tokens": len(last.completion_token_ids),
                               "total_tokens": len(last.prompt_token_ids) + len(last.completion_token_ids)}})
