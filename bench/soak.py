@@ -1,0 +1,140 @@
+"""A long run, watched: each component's resident memory and open file descriptors, and the rate
+the loop holds, over `--minutes` of `rollwire run` (the demo recipe, or RECIPE).
+
+    python bench/soak.py [RECIPE] [--minutes 20] [--warmup-minutes 5] [--every 10] [--bus kafka]
+
+Every `--every` seconds it samples every process of the run (each component, and the vLLM server
+under the replica): RSS and open file descriptors. After the warm-up, growth is fitted by least
+squares and reported per hour, as a share of the component's size after warm-up (the goal: under
+5% an hour). The rate: trainer steps and trained rollouts per minute in the last quarter of the
+run against the first quarter after warm-up, measured in the same run (1.0 = held). The run is
+stopped as Ctrl-C would stop it at the end. The last line is `RESULT ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import psutil
+
+
+def components(run: psutil.Process) -> dict[str, psutil.Process]:
+    """The run's processes by name: `role-index` for components, `vllm` for the inference server."""
+    found = {}
+    for child in run.children(recursive=True):
+        try:
+            cmdline = child.cmdline()
+        except psutil.Error:
+            continue
+        if "rollwire.run.roles" in cmdline:
+            role = cmdline[cmdline.index("rollwire.run.roles") + 1]
+            index = cmdline[cmdline.index("--index") + 1] if "--index" in cmdline else "0"
+            found[f"{role}-{index}"] = child
+        elif any("vllm" in part for part in cmdline[:3]) and "serve" in cmdline:
+            found["vllm"] = child
+    return found
+
+
+def slope_per_hour(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope of (seconds, value) points, per hour."""
+    n = len(points)
+    mean_t, mean_v = sum(t for t, _ in points) / n, sum(v for _, v in points) / n
+    var = sum((t - mean_t) ** 2 for t, _ in points)
+    return 3600 * sum((t - mean_t) * (v - mean_v) for t, v in points) / var if var else 0.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("recipe", nargs="?", help="recipe to run (default: the bundled demo)")
+    parser.add_argument("--minutes", type=float, default=20.0, help="how long to watch (default %(default)s)")
+    parser.add_argument("--warmup-minutes", type=float, default=5.0, help="left out of the fits (default %(default)s)")
+    parser.add_argument("--every", type=float, default=10.0, help="seconds between samples (default %(default)s)")
+    parser.add_argument("--bus", choices=["embedded", "kafka"], default="embedded")
+    args = parser.parse_args()
+
+    folder = Path(tempfile.mkdtemp(prefix="soak-"))
+    bus_args: list[str] = []
+    stop_broker = None
+    if args.bus == "kafka":
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from bus import start_broker
+        bootstrap, stop_broker = start_broker()
+        bus_args = ["--bus", "kafka", "--bootstrap", bootstrap]
+    command = [sys.executable, "-m", "rollwire", "run", *([args.recipe] if args.recipe else []),
+               "--run-dir", str(folder / "run"), "--steps", "100000", *bus_args]
+    run = subprocess.Popen(command, stdout=open(folder / "run.out", "w"), stderr=subprocess.STDOUT,
+                           env={**os.environ, "COLUMNS": "200"})
+    samples: dict[str, list[tuple[float, float, int]]] = defaultdict(list)  # name -> (t, rss MB, fds)
+    started = time.monotonic()
+    metrics = folder / "run" / "metrics.jsonl"
+    try:
+        while not metrics.exists():  # the warm start and the server's start are not the soak
+            if run.poll() is not None:
+                raise SystemExit(f"rollwire run ended before its first step; see {folder / 'run.out'}")
+            time.sleep(2)
+        started = time.monotonic()
+        parent = psutil.Process(run.pid)
+        while (elapsed := time.monotonic() - started) < args.minutes * 60:
+            if run.poll() is not None:
+                raise SystemExit(f"rollwire run ended after {elapsed:.0f} s; see {folder / 'run.out'}")
+            for name, proc in components(parent).items():
+                try:
+                    samples[name].append((elapsed, proc.memory_info().rss / 2**20, proc.num_fds()))
+                except psutil.Error:
+                    continue
+            time.sleep(args.every)
+    finally:
+        run.send_signal(signal.SIGINT)
+        try:
+            run.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            run.kill()
+        if stop_broker:
+            stop_broker()
+
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    first_step_at = rows[0]["time_ms"] / 1000 if rows else None
+    warm, total = args.warmup_minutes * 60, args.minutes * 60
+    print(f"soak: {args.minutes:g} min of rollwire run ({args.bus} log), warm-up {args.warmup_minutes:g} min, "
+          f"a sample every {args.every:g} s; files in {folder}")
+    print(f"{'component':<14} {'RSS MB':>8} {'growth/h':>9} {'fds':>5} {'fds/h':>7}")
+    worst = 0.0
+    for name in sorted(samples):
+        after = [s for s in samples[name] if s[0] >= warm]
+        if len(after) < 3:
+            continue
+        rss = slope_per_hour([(t, r) for t, r, _ in after])
+        fds = slope_per_hour([(t, float(f)) for t, _, f in after])
+        share = 100 * rss / after[0][1]
+        worst = max(worst, share)
+        print(f"{name:<14} {after[-1][1]:8.0f} {share:8.1f}% {after[-1][2]:5d} {fds:7.1f}")
+    rate = _rate_held(rows, warm, total, first_step_at)
+    print(f"steps: {len(rows)}; trained rollouts per minute, last quarter vs first quarter after warm-up: {rate:.2f}")
+    print(f"RESULT minutes={args.minutes:g} worst_rss_growth_pct_per_h={worst:.3g} rate_held={rate:.3g} steps={len(rows)}")
+
+
+def _rate_held(rows: list[dict], warm: float, total: float, first_step_at: float | None) -> float:
+    """Rollouts trained per minute in the run's last quarter over those in the first quarter after warm-up."""
+    if not rows or first_step_at is None:
+        return float("nan")
+    quarter = (total - warm) / 4
+
+    def per_minute(start: float, end: float) -> float:
+        inside = [r for r in rows if start <= r["time_ms"] / 1000 - first_step_at < end]
+        return 60 * sum(r.get("rollouts", 0) for r in inside) / max(end - start, 1e-9)
+
+    early = per_minute(warm, warm + quarter)
+    return per_minute(total - quarter, total) / early if early else float("nan")
+
+
+if __name__ == "__main__":
+    main()
