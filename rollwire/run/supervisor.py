@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -69,23 +70,12 @@ class Supervisor:
         return child
 
     def _spawn(self, child: Child) -> None:
-        # Ctrl-C (or SIGTERM) between the fork and `child.process` being set would leave a child that
-        # `stop` does not know of: the signals wait until it is recorded (the child unblocks them).
-        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-
-        def setup() -> None:
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)
-            die_with_parent()
-
-        try:
-            with open(child.log_path, "ab") as out:
-                child.process = subprocess.Popen(
-                    [sys.executable, "-m", "rollwire.run.roles", child.role, str(self.recipe_json),
-                     "--index", str(child.index)],
-                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env,
-                    start_new_session=True, preexec_fn=setup)
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        with open(child.log_path, "ab") as out:
+            child.process = subprocess.Popen(
+                [sys.executable, "-m", "rollwire.run.roles", child.role, str(self.recipe_json),
+                 "--index", str(child.index)],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env,
+                start_new_session=True, preexec_fn=die_with_parent)
 
     def check(self) -> list[str]:
         """Restarts crashed children after a backoff (without blocking); returns what happened, one
@@ -128,3 +118,49 @@ class Supervisor:
                 except subprocess.TimeoutExpired:
                     os.killpg(process.pid, signal.SIGKILL)
                     process.wait()
+        self._stop_unrecorded(grace_s)
+
+    def _stop_unrecorded(self, grace_s: float) -> None:
+        """Stops children that no `Child` records: a Ctrl-C that lands inside `Popen`, after the fork
+        and before `child.process` is set, leaves one (blocking the signal in this thread would not
+        help: another thread takes it)."""
+        known = {c.process.pid for c in self.children if c.process is not None}
+        ours = ["rollwire.run.roles", str(self.recipe_json)]
+        strays = [pid for pid in children_of(os.getpid(), running=ours) if pid not in known]
+        for pid in strays:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for pid in strays:
+            while time.monotonic() < deadline and _reap(pid) is None:
+                time.sleep(0.1)
+            if _reap(pid) is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+                _reap(pid, block=True)
+
+
+def children_of(pid: int, running: list[str] | None = None) -> list[int]:
+    """The live child processes of `pid` whose command line holds every word of `running` (Linux:
+    from /proc; elsewhere none are found)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) != pid or fields[0] == "Z":
+                continue
+            words = (stat.parent / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except (OSError, IndexError):
+            continue
+        if all(word in words for word in running or []):
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _reap(pid: int, block: bool = False) -> int | None:
+    """The exit status of our child `pid` once it ended (0 if already reaped elsewhere), else None."""
+    try:
+        done, status = os.waitpid(pid, 0 if block else os.WNOHANG)
+    except ChildProcessError:
+        return 0
+    return status if done == pid else None
