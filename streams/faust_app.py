@@ -111,6 +111,17 @@ def table_event(table: Any, key: bytes, codec: Codec, what: str) -> Any:
         return None
 
 
+def add_ticks(app: faust.App, topic: Any, partitions: int, settings: FaustWorkerSettings, codec: Codec) -> None:
+    """A timer on the leader worker that sends a `ScorerTick` to every partition of `topic` each
+    `tick_s`: each partition's agent then does its time-driven work for the keys it owns."""
+
+    @app.timer(interval=settings.tick_s, on_leader=True)
+    async def tick() -> None:
+        value = codec.encode(ScorerTick(), producer=settings.app_id)
+        for p in range(partitions):
+            await topic.send(value=value, partition=p)
+
+
 Sink = Callable[[str, bytes | None, bytes, list[tuple[str, bytes]]], Awaitable[None]]
 """`await sink(topic_name, key, value, headers)`: where the agent's output records go."""
 
@@ -254,12 +265,7 @@ def build_app(settings: FaustWorkerSettings, scorer_settings: ScorerSettings, *,
                        record.topic)
         await apply(decoded.group_id, step)
 
-    @app.timer(interval=settings.tick_s, on_leader=True)
-    async def tick() -> None:
-        value = codec.encode(ScorerTick(), producer=settings.app_id)
-        for p in range(partitions):
-            await ticks_topic.send(value=value, partition=p)
-
+    add_ticks(app, ticks_topic, partitions, settings, codec)
     return app
 
 

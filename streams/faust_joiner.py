@@ -42,7 +42,7 @@ from rollwire.schemas.rollout import ScoredRollout
 from rollwire.schemas.scorer import ScorerTick
 from rollwire.schemas.serving import ResponseServed
 from rollwire.schemas.topics import Topics
-from rollwire.streams.faust_app import FaustWorkerSettings, faust_app, record_of, table_event
+from rollwire.streams.faust_app import FaustWorkerSettings, add_ticks, faust_app, record_of, table_event
 from rollwire.streams.feedback_join import FeedbackJoiner, JoinStep, joining_span, receipt_of
 
 logger = logging.getLogger(__name__)
@@ -225,10 +225,5 @@ def build_app(settings: FaustWorkerSettings, joiner: FeedbackJoiner, *, bus: Kaf
         else:
             await dead_letter(record, f"a {incoming.type} event does not belong on {record.topic}", "process")
 
-    @app.timer(interval=settings.tick_s, on_leader=True)
-    async def tick() -> None:
-        value = codec.encode(ScorerTick(), producer=settings.app_id)
-        for p in range(partitions):
-            await joiner_in.send(value=value, partition=p)
-
+    add_ticks(app, joiner_in, partitions, settings, codec)
     return app
