@@ -14,11 +14,13 @@ bodies, and running an aiohttp application until interrupted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import json
 import logging
 import os
 import secrets
+import signal
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -121,6 +123,10 @@ async def read_json(request, max_bytes: int) -> Any:
         raise Refused(400, f"the body is not JSON: {exc}") from None
 
 
+SHUTDOWN_GRACE_S = 5.0
+"""How long a stopping server lets requests in flight finish."""
+
+
 def run_app(app, host: str, port: int, *, ready: Callable[[int], None] | None = None,
             describe: Callable[[int], str] = lambda port: "") -> None:
     """Serves `app` on `host:port` until interrupted; logs `describe(port)` and calls `ready(port)`
@@ -128,15 +134,20 @@ def run_app(app, host: str, port: int, *, ready: Callable[[int], None] | None = 
     from aiohttp import web
 
     async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):  # stop between requests, not wherever the signal lands
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread
+                loop.add_signal_handler(sig, stop.set)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
-        await web.TCPSite(runner, host, port).start()
+        await web.TCPSite(runner, host, port, shutdown_timeout=SHUTDOWN_GRACE_S).start()
         chosen = runner.addresses[0][1]
         logger.info("%s", describe(chosen) or f"listening on http://{host}:{chosen}")
         if ready is not None:
             ready(chosen)
         try:
-            await asyncio.Event().wait()
+            await stop.wait()
         finally:
             await runner.cleanup()
 
