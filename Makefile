@@ -24,7 +24,7 @@ ifneq ($(WHEELS),)
 export PIP_FIND_LINKS := $(strip $(PIP_FIND_LINKS) $(abspath $(WHEELS)))
 endif
 
-.PHONY: install run test lint bench-bus clean
+.PHONY: install run test lint bench-bus stack stack-down clean
 
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -50,6 +50,17 @@ test: install lint
 lint: install
 	$(VENV)/bin/ruff check rollwire schemas producers streams consumers trainer bench tests deploy examples
 	$(VENV)/bin/mypy
+
+# The compose stack with every image built on this machine, no registry needed (README: "The stack").
+# Where images can be pulled: `docker compose --profile cpu up -d` instead.
+COMPOSE_OFFLINE := docker-compose -f docker-compose.yml -f deploy/compose.offline.yml --profile cpu
+stack:
+	$(PYTHON) deploy/stack/engine.py start
+	$(PYTHON) deploy/stack/images.py
+	$(COMPOSE_OFFLINE) up -d --no-build
+
+stack-down:
+	$(COMPOSE_OFFLINE) down -v --remove-orphans
 
 bench-bus: install
 	$(VENV)/bin/python bench/bus.py

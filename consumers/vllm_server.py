@@ -117,6 +117,8 @@ class VllmServer:
         env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": str(self.settings.kv_cache_gib)}
         if self.settings.enable_lora:
             env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
+        if self.settings.log_path:
+            self.settings.log_path.parent.mkdir(parents=True, exist_ok=True)
         out = open(self.settings.log_path, "ab") if self.settings.log_path else subprocess.DEVNULL
         self.process = subprocess.Popen(self.command(), env=env, stdout=out, stderr=subprocess.STDOUT,
                                         start_new_session=True, preexec_fn=die_with_parent)

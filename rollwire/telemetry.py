@@ -57,7 +57,7 @@ class TelemetrySettings(BaseModel):
     file_path: Path | None = None
     """Span file for the `file` exporter."""
     otlp_endpoint: str = "http://127.0.0.1:4318/v1/traces"
-    """OTLP/HTTP traces endpoint of a collector (the compose stack runs one)."""
+    """OTLP/HTTP traces endpoint: a collector, or Jaeger v2 itself (the compose stack's, on 127.0.0.1:4318)."""
     service_name: str = "rollwire"
     """`service.name` resource attribute: the component, e.g. `trainer`."""
 

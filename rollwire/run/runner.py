@@ -16,8 +16,12 @@ metrics file is rebuilt from the log.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import signal
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,6 +96,16 @@ def prepare_model(recipe: RunRecipe, console: Console) -> None:
             warm_start(building, taskset, settings,
                        on_step=lambda step, loss: bar.update(task, completed=step, loss=loss))
     building.rename(base)  # complete, or not there at all
+
+
+def prepare(recipe: RunRecipe, console: Console | None = None) -> Path:
+    """Steps 1 and 2, and the topics: all a deployment that starts each role itself needs first
+    (`rollwire run --prepare-only`, the compose stack's `init` service). Returns recipe.json's path."""
+    recipe_json = resolve(recipe)
+    prepare_model(recipe, console or Console(soft_wrap=True))
+    with open_log(recipe.bus) as log:
+        log.create_topics(catalog_topics(Topics(recipe.topic_prefix)))
+    return recipe_json
 
 
 def _wait_for_server(supervisor: Supervisor, recipe: RunRecipe, console: Console, timeout_s: float = 600) -> None:
@@ -170,6 +184,24 @@ def _start_feedback(supervisor: Supervisor, recipe: RunRecipe, console: Console)
                   f"{100 * recipe.trainer.feedback.share:.0f}% of each batch from it")
 
 
+@contextlib.contextmanager
+def _ctrl_c_between_polls() -> Iterator[threading.Event]:
+    """Ctrl-C while following is taken between two polls, not in the middle of one: a
+    KeyboardInterrupt raised after the reader returned records but before they were counted would
+    lose them from the metrics file (a step missing from metrics.jsonl)."""
+    pressed = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield pressed
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: pressed.set())
+    try:
+        yield pressed
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pressed.is_set():
+        raise KeyboardInterrupt
+
+
 def _follow(supervisor: Supervisor, progress: RunProgress, recipe: RunRecipe, console: Console) -> None:
     """Step 5: until the trainer finishes its last step; a run that stands still says where."""
     stall = StallWatch(progress.log, progress.topics, recipe.stall_after_s, recipe.run_dir / "logs")
@@ -186,25 +218,28 @@ def _follow(supervisor: Supervisor, progress: RunProgress, recipe: RunRecipe, co
             warned_at = time.monotonic()
         return warning
 
-    if console.is_terminal:
-        with Live(progress.table(recipe.steps, "training"), console=console, refresh_per_second=2) as live:
-            while not trainer_done():
-                progress.poll(0.5)
-                for line in supervisor.check():
-                    live.console.print(f"[yellow]{line}")
-                progress.stall = stalled(live.console.print)
-                live.update(progress.table(recipe.steps, "training"))
-        return
-    reported = time.monotonic()
-    while not trainer_done():  # not a terminal (CI, a pipe): one line per step, or a minute of silence
-        new = progress.poll(0.5)
-        if new or time.monotonic() - reported > 60:
-            console.print(progress.summary())
-            reported = time.monotonic()
-        for line in supervisor.check():
-            console.print(line)
-        progress.stall = stalled(console.print)
-    progress.poll(0.5)
+    with _ctrl_c_between_polls() as ctrl_c:
+        if console.is_terminal:
+            with Live(progress.table(recipe.steps, "training"), console=console, refresh_per_second=2) as live:
+                while not trainer_done() and not ctrl_c.is_set():
+                    progress.poll(0.5)
+                    for line in supervisor.check():
+                        live.console.print(f"[yellow]{line}")
+                    progress.stall = stalled(live.console.print)
+                    live.update(progress.table(recipe.steps, "training"))
+            return
+        reported = time.monotonic()
+        # not a terminal (CI, a pipe): one line per step, or a minute of silence
+        while not trainer_done() and not ctrl_c.is_set():
+            new = progress.poll(0.5)
+            if new or time.monotonic() - reported > 60:
+                console.print(progress.summary())
+                reported = time.monotonic()
+            for line in supervisor.check():
+                console.print(line)
+            progress.stall = stalled(console.print)
+        if not ctrl_c.is_set():
+            progress.poll(0.5)
 
 
 def _report(result: RunResult, console: Console) -> None:
