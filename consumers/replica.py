@@ -30,6 +30,8 @@ class Replica:
     def __init__(self, log: EventLog, topics: Topics, store: ObjectStore, server: VllmServerSettings,
                  subscriber: WeightSubscriberSettings, *, max_restarts: int = 5) -> None:
         self.server = VllmServer(server)
+        if subscriber.url is None:
+            subscriber = subscriber.model_copy(update={"url": self.server.base_url})
         base = Path(server.model)
         self.subscriber = WeightSubscriber(log, topics, store, self.server.control, subscriber,
                                            base_model_dir=base if base.is_dir() else None)
@@ -45,11 +47,13 @@ class Replica:
         self.server.start()
         logger.info("vLLM serves at %s", self.server.base_url)
         try:
-            self.subscriber.catch_up()
+            if self.subscriber.catch_up() is None:
+                self.subscriber.report("serving")  # the base model: routers may send it work now
             while not self.stopping.is_set():
                 if not self.server.alive():
                     self._restart()
                 self.subscriber.poll(timeout_s=1.0)
+                self.subscriber.heartbeat()
         finally:
             self.server.stop()
             self.subscriber.report("stopped")

@@ -55,6 +55,12 @@ class WeightSubscriberSettings(BaseModel):
     """Verified versions kept on disk (the served one and its predecessors)."""
     lora_grace_s: float = Field(default=30.0, ge=0)
     """Seconds an old LoRA adapter stays loaded after a new one, for requests still using it."""
+    url: str | None = None
+    """Where env workers reach this replica's server, reported on `fleet` for routing; default (in a
+    `Replica`) the server's own URL. A URL others cannot reach keeps the replica out of their pools."""
+    heartbeat_s: float = Field(default=10.0, gt=0)
+    """With nothing else reported for this long, `serving` is reported again: routers drop a replica
+    silent for 30 s (`rollwire.producers.routing.MEMBER_TTL_S`)."""
 
 
 TIED_RELOAD = ("the served model ties its output layer to its embeddings (tie_word_embeddings), and vLLM's "
@@ -92,6 +98,8 @@ class WeightSubscriber:
         self._codec = Codec()
         self._dead_letters = DeadLetters(self.producer, f"replica/{settings.replica_id}")
         self._reader: EventConsumer | None = None
+        self._reported_at = 0.0
+        self._state = "starting"
 
     @property
     def serving_version(self) -> int | None:
@@ -221,7 +229,9 @@ class WeightSubscriber:
                 **figures: float) -> ReplicaStatus:
         status = ReplicaStatus(replica_id=self.settings.replica_id, state=state,
                                serving_version=self.serving_version,
-                               requested_version=event.version if event else None, reason=reason, **figures)
+                               requested_version=event.version if event else None, reason=reason,
+                               url=self.settings.url, **figures)
+        self._reported_at, self._state = time.monotonic(), state
         if reason:
             logger.warning("replica %s: %s", self.settings.replica_id, reason)
         self.producer.send(self.topics.fleet, status, key=self.settings.replica_id)
@@ -229,8 +239,15 @@ class WeightSubscriber:
         return status
 
     def report(self, state: str, reason: str | None = None) -> ReplicaStatus:
-        """Publishes a lifecycle status (`starting`, `stopped`, or `failed` with a reason)."""
+        """Publishes a lifecycle status (`starting`, `serving`, `stopped`, or `failed` with a reason)."""
         return self._report(state, None, reason=reason)
+
+    def heartbeat(self) -> ReplicaStatus | None:
+        """Reports `serving` again after `heartbeat_s` of silence while the server serves (a failed
+        load leaves the served version serving), so routers keep this replica in their pools."""
+        if time.monotonic() - self._reported_at < self.settings.heartbeat_s or self._state in ("starting", "stopped"):
+            return None
+        return self._report("serving", None)
 
     def close(self) -> None:
         if self._reader is not None:

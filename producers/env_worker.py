@@ -56,6 +56,7 @@ from rollwire.objectstore import ObjectStore
 from rollwire.producers.assembly import assemble
 from rollwire.producers.harnesses import Harness, HarnessTimeout
 from rollwire.producers.interception import InferenceGate, Interceptor
+from rollwire.producers.routing import Router
 from rollwire.producers.runtimes import RUNTIMES, Runtime
 from rollwire.producers.tasksets import RolloutView, Taskset
 from rollwire.schemas.base import now_ms
@@ -179,13 +180,15 @@ def trace_nodes(interceptor: Interceptor, branches: list[int]) -> list[TraceNode
 
 
 class EnvWorker:
-    def __init__(self, log: EventLog, topics: Topics, control: VllmControl, tasksets: dict[str, Taskset],
+    def __init__(self, log: EventLog, topics: Topics, control: VllmControl | Router, tasksets: dict[str, Taskset],
                  settings: EnvWorkerSettings | None = None, *, harness: Harness | None = None,
                  model: str | None = None, store: ObjectStore | None = None) -> None:
         self.settings = settings or EnvWorkerSettings()
         self.store = store
         """Where traces too large for one event go (`rollwire.trace_blobs`); None sends them without their graph."""
-        self.topics, self.control, self.tasksets, self.harness, self.model = topics, control, tasksets, harness, model
+        self.topics, self.tasksets, self.harness, self.model = topics, tasksets, harness, model
+        self.router = control if isinstance(control, Router) else Router.single(control)
+        """Where each rollout's model calls go (one replica, or the fleet by version); its owner closes it."""
         self.producer = EventProducer(log.producer(), topics, name=self.settings.name)
         self.consumer = EventConsumer(log.consumer([topics.tasks], self.settings.group_id),
                                       DeadLetters(self.producer, self.settings.name), group=self.settings.group_id)
@@ -326,7 +329,7 @@ class EnvWorker:
             return rollout.model_copy(update={"traceparent": telemetry.current_traceparent()}), trace
 
     def _rollout(self, task: TaskAssigned, taskset: Taskset, index: int) -> tuple[RolloutCompleted, TraceRecorded]:
-        interceptor = Interceptor(self.control, task.sampling, model=self.model, gate=self.inference_gate)
+        interceptor = Interceptor(self.router.route(), task.sampling, model=self.model, gate=self.inference_gate)
         started = time.perf_counter()
         if self._delay is not None:
             with self._lock:

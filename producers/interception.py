@@ -149,7 +149,7 @@ def recorded_call(prompt_ids: list[int], choice: dict, latency_s: float) -> Infe
     return InferenceCall(
         prompt_token_ids=list(prompt_ids), completion_token_ids=list(choice["token_ids"]),
         completion_logprobs=[c["logprob"] for c in choice["logprobs"]["content"]],
-        weight_versions=[WeightVersionSpan(version=_version(s["version"]), start=s["start"], end=s["end"])
+        weight_versions=[WeightVersionSpan(version=version_number(s["version"]), start=s["start"], end=s["end"])
                          for s in choice.get("weight_versions") or []],
         finish_reason=choice.get("finish_reason"), latency_s=latency_s)
 
@@ -169,6 +169,6 @@ END_OF_TURN = "<|im_end|>"
 conversation for the next call reproduces the sampled ids and the turns join one sequence."""
 
 
-def _version(label: str) -> int:
+def version_number(label: str) -> int:
     """The integer version of a server label; the base model (`default`) is version 0."""
     return int(label) if label.isdigit() else 0

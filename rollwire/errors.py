@@ -23,6 +23,7 @@
     │   └── IncompatibleCheckpointError
     ├── HttpError              rollwire.http — a JSON service failed or refused a request
     ├── VllmError              rollwire.consumers.vllm_control — the vLLM server refused a request
+    │   └── NoReplica          rollwire.producers.routing — no replica serves a version the rollout may use
     ├── VllmServerError        rollwire.consumers.vllm_server — the server could not start, or died
     ├── HarnessError           rollwire.producers.harnesses — a harness could not finish a rollout
     │   └── HarnessTimeout

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -49,6 +49,9 @@ class ReplicaStatus(Event):
     """
 
     type: Literal["replica.status"] = "replica.status"
+    SCHEMA_VERSION: ClassVar[int] = 2
+    """2: `url` added (routing reads it); a version-1 reader would refuse the field, so it is told
+    the event is newer than it instead."""
     replica_id: str
     """Stable name of the replica (host and port, or a configured name)."""
     state: Literal["starting", "serving", "reloading", "failed", "stopped"]
@@ -65,3 +68,6 @@ class ReplicaStatus(Event):
     """Time the engine was paused for the swap."""
     reason: str | None = None
     """Why a load failed (state `failed`); None otherwise."""
+    url: str | None = None
+    """Where clients reach this replica's OpenAI-compatible API (env workers route to it); None for a
+    replica not offered for routing. Replicas report `serving` again every few seconds as a heartbeat."""

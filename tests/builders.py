@@ -78,6 +78,7 @@ def weights(**kw) -> WeightsPublished:
 
 def replica(**kw) -> ReplicaStatus:
     return ReplicaStatus(**{"replica_id": "127.0.0.1:8000", "state": "serving", "serving_version": 4,
+                            "url": "http://127.0.0.1:8000",
                             "requested_version": 4, "bytes_downloaded": 1_700_000, "download_s": 0.1,
                             "swap_s": 0.05, **kw})
 

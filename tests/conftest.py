@@ -15,6 +15,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from rollwire.bus import EmbeddedBusSettings, EventLog, KafkaBusSettings, TopicConfig, open_log
 from rollwire.schemas import Topics
@@ -115,6 +119,20 @@ def store(request, tmp_path):
 @pytest.fixture
 def group_id() -> str:
     return f"g{uuid.uuid4().hex[:12]}"
+
+
+_SPANS = InMemorySpanExporter()
+
+
+@pytest.fixture
+def spans() -> InMemorySpanExporter:
+    """The spans this process records during the test (one SDK provider for the whole session)."""
+    if not isinstance(trace.get_tracer_provider(), TracerProvider):
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(_SPANS))
+        trace.set_tracer_provider(provider)
+    _SPANS.clear()
+    return _SPANS
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

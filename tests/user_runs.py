@@ -31,6 +31,13 @@ sampling = {{ temperature = 1.0, max_tokens = 8 }}
 
 [env_workers]
 concurrency = 8
+count = {env_workers}
+
+[inference]
+replicas = {replicas}
+
+[trainer]
+processes = {trainer_processes}
 
 [trainer.batch]
 batch_rollouts = 16
@@ -41,9 +48,11 @@ exporter = "file"
 """
 
 
-def recipe_file(folder: Path, name: str, steps: int) -> Path:
+def recipe_file(folder: Path, name: str, steps: int, *, replicas: int = 1, env_workers: int = 1,
+                trainer_processes: int = 1) -> Path:
     path = folder / f"{name}.toml"
-    path.write_text(SHORT.format(name=name, steps=steps))
+    path.write_text(SHORT.format(name=name, steps=steps, replicas=replicas, env_workers=env_workers,
+                                 trainer_processes=trainer_processes))
     return path
 
 

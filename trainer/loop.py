@@ -3,7 +3,8 @@
     reads:  <prefix>.scored (through BatchConsumer)
     writes: <prefix>.train, <prefix>.weights, <prefix>.drops, <prefix>.deadletter; the object store
 
-One step, as a commit protocol:
+One step, as a commit protocol (under torchrun, rank 0 runs it; Step 2 is every rank's, see
+`rollwire.trainer.distributed`):
 
     # Step 1  take a batch (stale rollouts dropped, bad ones dead-lettered, duplicates ignored)
     # Step 2  train on it (or skip on a non-finite loss)
@@ -40,6 +41,7 @@ from rollwire.schemas.topics import Topics
 from rollwire.schemas.training import TrainStepCompleted
 from rollwire.schemas.weights import WeightsPublished
 from rollwire.trainer import checkpoint
+from rollwire.trainer.distributed import Shard
 from rollwire.trainer.model import resolve_device
 from rollwire.trainer.settings import TrainerSettings
 from rollwire.trainer.step import Objectives, StepResult, train_step
@@ -86,7 +88,11 @@ def batch_fields(batch: Sequence[ScoredRollout]) -> dict:
 
 
 class Trainer:
-    def __init__(self, log: EventLog, topics: Topics, store: ObjectStore, settings: TrainerSettings) -> None:
+    """Rank 0's trainer (or the only one): the six steps above. Under torchrun (`shard`), each
+    batch also goes to the other ranks (`follow`), which train their shares of it with this one."""
+
+    def __init__(self, log: EventLog, topics: Topics, store: ObjectStore, settings: TrainerSettings, *,
+                 shard: Shard | None = None) -> None:
         if not settings.model.path:
             raise ConfigError("trainer.model.path is empty: give the starting weights (a directory or hub name; "
                               "`rollwire train --model DIR`)")
@@ -100,6 +106,9 @@ class Trainer:
         self.consumer = BatchConsumer(log, topics, settings.batch, vocab_size=vocab, positions=self.state.positions,
                                       seen=self.state.seen, producer=self.producer, mix=settings.feedback)
         self._ready_since = time.monotonic()
+        self.shard = shard
+        if shard is not None:
+            shard.barrier()  # every rank has read `previous`: only now may a new commit point replace it
         if previous is not None:
             logger.info("resuming at step %d (version %d) from %s", self.state.step, self.state.version, previous)
             if not checkpoint.outbox_sent(previous):  # the previous run stopped between Steps 5 and 6
@@ -127,9 +136,11 @@ class Trainer:
                 attributes={"messaging.batch.message_count": len(batch.rollouts),
                             "rollwire.step": self.state.step + 1}):
             # Step 2
+            if self.shard is not None:
+                self.shard.send_batch(batch.rollouts)
             result = train_step(self.model, self.optimizer, self.objectives, batch.rollouts,
                                 micro_batch=self.settings.micro_batch_rollouts,
-                                max_grad_norm=self.settings.max_grad_norm, device=self.device)
+                                max_grad_norm=self.settings.max_grad_norm, device=self.device, shard=self.shard)
             # Step 3
             self.state.step += 1
             self.state.version += 1
@@ -196,5 +207,25 @@ class Trainer:
         checkpoint.mark_sent(saved)
 
     def close(self) -> None:
+        if self.shard is not None:
+            self.shard.send_batch(None)  # the other ranks stop
+            self.shard = None
         self.consumer.close()
         self.producer.close()
+
+
+def follow(settings: TrainerSettings, shard: Shard) -> int:
+    """Ranks 1..N-1 under torchrun: from the same checkpoint as rank 0, train the share of every
+    batch rank 0 sends, until it stops; nothing is read from or written to the log or the store.
+    Returns the steps taken."""
+    device, _ = resolve_device(settings.model)
+    _, model, optimizer = checkpoint.restore(settings, checkpoint.latest(settings.checkpoint_dir))
+    objectives = Objectives.from_settings(settings)
+    shard.barrier()
+    steps = 0
+    while (batch := shard.receive_batch()) is not None:
+        train_step(model, optimizer, objectives, batch, micro_batch=settings.micro_batch_rollouts,
+                   max_grad_norm=settings.max_grad_norm, device=device, shard=shard)
+        steps += 1
+    logger.info("rank %d: %d steps; rank 0 stopped", shard.rank, steps)
+    return steps

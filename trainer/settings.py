@@ -81,6 +81,10 @@ class TrainerSettings(BaseModel):
     """Production feedback samples: their share of a batch, their age, their losses."""
     policy: str = "policy"
     """Policy name: the weights topic key and the store prefix."""
+    processes: int = Field(default=1, ge=1)
+    """Data-parallel ranks (`rollwire.trainer.distributed`): `rollwire run` starts the trainer under
+    `torchrun --nproc-per-node N` (gloo on CPU, NCCL on CUDA); each rank trains its share of every
+    batch. Outside a run, start `rollwire train` with torchrun yourself."""
     loss: str = "ppo_clip"
     """Registered loss of policy-gradient samples (`rollwire.trainer.losses`): ppo_clip, dppo_mask, reinforce,
     nll, reverse_kl."""

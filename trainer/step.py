@@ -4,6 +4,7 @@
       for each micro-batch: layout -> token logprobs [B, C] -> loss (normalised by the objective's
                             trained tokens, or pairs, in the step) x weight -> backward
                                                                         (gradient accumulation)
+    under torchrun:         each rank the micro-batches of its share; gradients summed over ranks
     non-finite loss?        drop the gradients, skip the step, say so
     clip the gradient norm, optimizer step
 """
@@ -19,6 +20,7 @@ import torch
 
 from rollwire.schemas.rollout import RolloutCompleted, ScoredRollout
 from rollwire.trainer import losses
+from rollwire.trainer.distributed import Shard
 from rollwire.trainer.losses import Loss, LossInputs
 from rollwire.trainer.model import layout, token_logprobs
 from rollwire.trainer.settings import TrainerSettings
@@ -86,10 +88,12 @@ def _padded(rows: Sequence[Sequence[float]], width: int, device: torch.device) -
 
 
 def train_step(model, optimizer, objectives: Loss | Objectives, batch: Sequence[ScoredRollout], *, micro_batch: int,
-               max_grad_norm: float, device: torch.device) -> StepResult:
+               max_grad_norm: float, device: torch.device, shard: Shard | None = None) -> StepResult:
     """One optimizer step over `batch`: each sample's objective trained with its loss (`objectives`;
     a bare `Loss` trains policy-gradient samples only), gradients accumulated over micro-batches of
-    `micro_batch` samples, then clipped to `max_grad_norm`."""
+    `micro_batch` samples, then clipped to `max_grad_norm`. With a `shard` (torchrun), this rank
+    trains its share of each objective's samples, normalised by the whole batch's counts, and the
+    gradients, losses and metrics are summed over the ranks: the step is the one-process step."""
     started = time.perf_counter()
     if not isinstance(objectives, Objectives):
         objectives = Objectives(objectives)
@@ -100,10 +104,12 @@ def train_step(model, optimizer, objectives: Loss | Objectives, batch: Sequence[
     num_tokens = sum(trained.values())
     optimizer.zero_grad(set_to_none=True)
     total, metrics = 0.0, dict[str, float]()
+    bad_loss: float | None = None
     for objective, samples in by_objective.items():
         loss_fn, weight = objectives.loss(objective)
-        for start in range(0, len(samples), micro_batch):
-            chunk = samples[start: start + micro_batch]
+        mine = shard.mine(samples) if shard else samples
+        for start in range(0, len(mine), micro_batch):
+            chunk = mine[start: start + micro_batch]
             rows = [r for s in chunk for r in _rows(s)]
             tokens = layout(rows, device)
             width = tokens.targets.size(1)
@@ -116,14 +122,24 @@ def train_step(model, optimizer, objectives: Loss | Objectives, batch: Sequence[
                                                      num_pairs=len(samples)))
             loss = loss * weight
             if not torch.isfinite(loss):
-                optimizer.zero_grad(set_to_none=True)
-                return StepResult(None, None, num_tokens, time.perf_counter() - started,
-                                  skipped_reason=f"the loss was {loss.item()}: step skipped, weights unchanged")
+                bad_loss = loss.item()
+                break
             loss.backward()
             total += loss.item()
             for k, v in chunk_metrics.items():  # means over the objective's tokens or pairs: the chunks' shares add up
                 key = METRIC_PREFIX[objective] + k
                 metrics[key] = metrics.get(key, 0.0) + v
+        if bad_loss is not None:
+            break
+    if shard is not None:  # every rank takes part in the sums, even one whose loss was not finite
+        sums = shard.sum_scalars({**metrics, "loss": total, "bad": float(bad_loss is not None)})
+        bad_loss = float("nan") if sums.pop("bad") and bad_loss is None else bad_loss
+        total, metrics = sums.pop("loss"), sums
+        shard.sum_gradients(model)
+    if bad_loss is not None:
+        optimizer.zero_grad(set_to_none=True)
+        return StepResult(None, None, num_tokens, time.perf_counter() - started,
+                          skipped_reason=f"the loss was {bad_loss}: step skipped, weights unchanged")
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm).item()
     if not math.isfinite(grad_norm):
         optimizer.zero_grad(set_to_none=True)

@@ -55,7 +55,8 @@ def add_env_worker(sub) -> None:
                     "token id, logprob and weight version recorded), judges them with the taskset's rewards "
                     "and publishes rollout and trace events.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    worker.add_argument("--base-url", required=True, help="the vLLM server, e.g. http://127.0.0.1:8000 (no /v1)")
+    worker.add_argument("--base-url", help="one vLLM server, e.g. http://127.0.0.1:8000 (no /v1); without it, every "
+                                           "replica that reports on the fleet topic, routed by weight version")
     worker.add_argument("--env", action="append", required=True, help="environment to run (repeatable)")
     worker.add_argument("--option", action="append", default=[], metavar="ENV.KEY=VALUE",
                         help="taskset option, e.g. math-word.path=data.jsonl (repeatable)")
@@ -120,6 +121,7 @@ def cmd_env_worker(args: argparse.Namespace) -> int:
     from rollwire.producers.env_worker import EnvWorker
     from rollwire.producers.harnesses import script_harness
     from rollwire.producers.interception_server import InterceptionServer
+    from rollwire.producers.routing import FleetView, Router
     from rollwire.schemas.topics import Topics
     tasksets = _tasksets(args.env, args.option)
     topics = Topics(args.prefix)
@@ -127,7 +129,9 @@ def cmd_env_worker(args: argparse.Namespace) -> int:
     harness = script_harness(shlex.split(args.agent_command), server) if server else None
     with open_log(bus_settings(args)) as log:
         log.create_topics(catalog_topics(topics))
-        worker = EnvWorker(log, topics, VllmControl(args.base_url), tasksets,
+        router = (Router.single(VllmControl(args.base_url)) if args.base_url
+                  else Router(FleetView()).follow(log, topics))
+        worker = EnvWorker(log, topics, router, tasksets,
                            EnvWorkerSettings(**settings_flags(args, WORKER_FLAGS)), harness=harness,
                            store=open_store(store_settings(args)))
         try:
@@ -136,6 +140,7 @@ def cmd_env_worker(args: argparse.Namespace) -> int:
             pass
         finally:
             worker.close()
+            router.close()
             if server:
                 server.shutdown()
     print(json.dumps({"rollouts_published": worker.published_total}))

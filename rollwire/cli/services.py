@@ -163,15 +163,26 @@ def cmd_train(args: argparse.Namespace) -> int:
     from rollwire.bus import catalog_topics, open_log
     from rollwire.objectstore import open_store
     from rollwire.schemas.topics import Topics
-    from rollwire.trainer.loop import Trainer
+    from rollwire.trainer.distributed import from_environment
+    from rollwire.trainer.loop import Trainer, follow
+    from rollwire.trainer.model import resolve_device
+    shard = from_environment(resolve_device(settings.model)[0])  # under torchrun: one rank of several
+    if shard is not None and not shard.leader:
+        try:
+            follow(settings, shard)
+        finally:
+            shard.close()
+        return 0
     topics = Topics(args.prefix)
     with open_log(bus_settings(args)) as log:
         log.create_topics(catalog_topics(topics))
-        trainer = Trainer(log, topics, open_store(store_settings(args)), settings)
+        trainer = Trainer(log, topics, open_store(store_settings(args)), settings, shard=shard)
         try:
             trainer.run(max_steps=args.max_steps, idle_exit_s=args.exit_when_idle)
         except KeyboardInterrupt:
             pass
         finally:
             trainer.close()
+            if shard is not None:
+                shard.close()
     return 0

@@ -100,12 +100,17 @@ class EnvWorkersRecipe(EnvWorkerSettings):
 
 
 class InferenceRecipe(VllmServerSettings):
-    """The managed vLLM server (one replica). Its model is `[model]`'s; `dtype = "auto"` here means
-    the trainer's dtype (float32 on CPU, bfloat16 on CUDA), so that sampler and trainer logprobs
-    agree (vLLM's own `auto` picks bfloat16 on a CPU)."""
+    """The managed vLLM servers (`replicas` of them, the same settings each). Their model is
+    `[model]`'s; `dtype = "auto"` here means the trainer's dtype (float32 on CPU, bfloat16 on CUDA),
+    so that sampler and trainer logprobs agree (vLLM's own `auto` picks bfloat16 on a CPU)."""
 
     model: str = ""
     """Filled in from `[model]`; leave unset."""
+    replicas: int = Field(default=1, ge=1)
+    """Inference replicas. Env workers route each rollout's calls over them by weight version
+    (`rollwire.producers.routing`); each holds a whole vLLM server (about 3 GB for the tiny model)."""
+    replica_ports: list[int] = Field(default_factory=list)
+    """Filled in when the run starts (replica i on `port + i`, or free ports); leave unset."""
 
 
 class FeedbackRecipe(_Section):
@@ -214,13 +219,20 @@ class RunRecipe(_Section):
     def topic_prefix(self) -> str:
         return self.prefix or self.name
 
-    def server_settings(self) -> VllmServerSettings:
-        """The replica's server: this recipe's `[inference]` with `dtype = "auto"` resolved to the trainer's."""
+    def server_settings(self, index: int = 0) -> VllmServerSettings:
+        """Replica `index`'s server: this recipe's `[inference]` on that replica's port, its own log
+        (`vllm.log`, `vllm-1.log`, ...), with `dtype = "auto"` resolved to the trainer's."""
         dtype = self.inference.dtype
         if dtype == "auto":
             from rollwire.trainer.model import resolve_device
             dtype = str(resolve_device(self.trainer.model)[1]).removeprefix("torch.")
-        return VllmServerSettings(**self.inference.model_dump(exclude={"dtype"}), dtype=dtype)
+        own: dict[str, Any] = {"dtype": dtype}
+        if self.inference.replica_ports:
+            own["port"] = self.inference.replica_ports[index]
+        if index and self.inference.log_path is not None:
+            own["log_path"] = self.inference.log_path.with_name(f"{self.inference.log_path.stem}-{index}.log")
+        settings = self.inference.model_dump(exclude={"replicas", "replica_ports", *own})
+        return VllmServerSettings(**settings, **own)
 
     def warm_start_environment(self) -> EnvironmentRecipe:
         name = self.warm_start.environment or self.environments[0].name

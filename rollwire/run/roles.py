@@ -2,7 +2,7 @@
 
     replica      vLLM server + weight subscriber     (rollwire.consumers.replica)
     scorer       group scorer: faust on Kafka, the in-process driver on the embedded log
-    trainer      until the recipe's last step         (rollwire.trainer.loop)
+    trainer      until the recipe's last step         (rollwire.trainer.loop; under torchrun with processes > 1)
     env-worker   tasks -> rollouts through the replica (rollwire.producers.env_worker)
     dispatcher   tasks, paced by the off-policy budget (rollwire.producers.dispatcher)
     gateway      `rollwire serve` in front of the replica  (rollwire.producers.gateway)    [feedback]
@@ -30,17 +30,18 @@ from rollwire.schemas.topics import Topics
 ROLES = ("replica", "scorer", "trainer", "env-worker", "dispatcher", "gateway", "feedback-api", "joiner")
 
 
-def base_url(recipe: RunRecipe) -> str:
-    return f"http://127.0.0.1:{recipe.inference.port}"
+def base_url(recipe: RunRecipe, index: int = 0) -> str:
+    """Replica `index`'s server (the gateway's upstream is replica 0's)."""
+    return f"http://127.0.0.1:{recipe.server_settings(index).port}"
 
 
 def run_replica(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
     from rollwire.consumers.replica import Replica
     from rollwire.consumers.weight_subscriber import WeightSubscriberSettings
     from rollwire.objectstore import open_store
-    subscriber = WeightSubscriberSettings(replica_id=f"replica-{index}", policy=recipe.trainer.policy,
-                                          cache_dir=recipe.run_dir / "replica-cache")
-    Replica(log, topics, open_store(recipe.store), recipe.server_settings(), subscriber).run()
+    cache = recipe.run_dir / ("replica-cache" if index == 0 else f"replica-cache-{index}")
+    subscriber = WeightSubscriberSettings(replica_id=f"replica-{index}", policy=recipe.trainer.policy, cache_dir=cache)
+    Replica(log, topics, open_store(recipe.store), recipe.server_settings(index), subscriber).run()
 
 
 def run_scorer(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
@@ -60,26 +61,45 @@ def run_scorer(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
 
 def run_trainer(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
     from rollwire.objectstore import open_store
-    from rollwire.trainer.loop import Trainer
-    trainer = Trainer(log, topics, open_store(recipe.store), recipe.trainer)
+    from rollwire.trainer.distributed import from_environment
+    from rollwire.trainer.loop import Trainer, follow
+    from rollwire.trainer.model import resolve_device
+    shard = from_environment(resolve_device(recipe.trainer.model)[0])  # trainer.processes > 1: under torchrun
     try:
-        trainer.run(max_steps=recipe.steps)
+        if shard is not None and not shard.leader:
+            follow(recipe.trainer, shard)
+            return
+        trainer = Trainer(log, topics, open_store(recipe.store), recipe.trainer, shard=shard)
+        try:
+            trainer.run(max_steps=recipe.steps)
+        finally:
+            trainer.close()
     finally:
-        trainer.close()
+        if shard is not None:
+            shard.close()
+
+
+def torchrun(processes: int) -> list[str]:
+    """The launcher of a data-parallel trainer role: torchrun on this machine, `processes` ranks,
+    all restarted together (from the last commit point) when one dies, up to three times."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}",
+            "--max-restarts=3", "-m"]
 
 
 def run_env_worker(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
-    from rollwire.consumers.vllm_control import VllmControl
+    from rollwire.objectstore import open_store
     from rollwire.producers.env_worker import EnvWorker
+    from rollwire.producers.routing import FleetView, Router
     from rollwire.producers.tasksets import load_taskset
     tasksets = {e.name: load_taskset(e.name, **e.options) for e in recipe.environments}
-    from rollwire.objectstore import open_store
-    worker = EnvWorker(log, topics, VllmControl(base_url(recipe)), tasksets, recipe.env_workers.for_worker(index),
+    router = Router(FleetView()).follow(log, topics)  # every replica that reports on `fleet`, by version
+    worker = EnvWorker(log, topics, router, tasksets, recipe.env_workers.for_worker(index),
                        store=open_store(recipe.store))
     try:
         worker.run()
     finally:
         worker.close()
+        router.close()
 
 
 def run_dispatcher(recipe: RunRecipe, log, topics: Topics, index: int) -> None:

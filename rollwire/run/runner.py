@@ -34,7 +34,7 @@ from rollwire.consumers.vllm_control import VllmControl
 from rollwire.consumers.vllm_server import free_port
 from rollwire.run.progress import RunProgress, StallWatch, plot
 from rollwire.run.recipe import RunRecipe
-from rollwire.run.roles import base_url
+from rollwire.run.roles import base_url, torchrun
 from rollwire.run.supervisor import RunFailed, Supervisor
 from rollwire.schemas.topics import Topics
 
@@ -53,8 +53,11 @@ class RunResult:
 def resolve(recipe: RunRecipe) -> Path:
     """Step 1: fixes what must be the same in every process (the server port) and writes recipe.json."""
     recipe.run_dir.mkdir(parents=True, exist_ok=True)
-    if recipe.inference.port == 0:
-        recipe.inference.port = free_port()
+    inference = recipe.inference
+    if not inference.replica_ports:
+        inference.replica_ports = ([free_port() for _ in range(inference.replicas)] if inference.port == 0 else
+                                   [inference.port + i for i in range(inference.replicas)])
+        inference.port = inference.replica_ports[0]
     feedback = recipe.feedback
     if feedback.enabled:
         for service in (feedback.gateway, feedback.ingest):
@@ -108,18 +111,21 @@ def prepare(recipe: RunRecipe, console: Console | None = None) -> Path:
     return recipe_json
 
 
-def _wait_for_server(supervisor: Supervisor, recipe: RunRecipe, console: Console, timeout_s: float = 600) -> None:
-    """Step 3's wait: until the replica's vLLM answers (it takes ~40 s on a small CPU)."""
-    control = VllmControl(base_url(recipe), timeout_s=2.0)
+def _wait_for_servers(supervisor: Supervisor, recipe: RunRecipe, console: Console, timeout_s: float = 600) -> None:
+    """Step 3's wait: until every replica's vLLM answers (~40 s each on a small CPU)."""
+    waiting = {i: VllmControl(base_url(recipe, i), timeout_s=2.0) for i in range(recipe.inference.replicas)}
     deadline = time.monotonic() + timeout_s
-    with console.status("starting the vLLM server (about 40 s on a small CPU) …"):
+    what = "the vLLM server" if len(waiting) == 1 else f"{len(waiting)} vLLM servers"
+    with console.status(f"starting {what} (about 40 s on a small CPU) …"):
         while time.monotonic() < deadline:
             for line in supervisor.check():
                 console.print(f"[yellow]{line}")
-            if control.healthy():
+            for index in [i for i, control in waiting.items() if control.healthy()]:
+                waiting.pop(index).close()
+            if not waiting:
                 return
             time.sleep(1.0)
-    raise RunFailed(f"the vLLM server did not answer within {timeout_s:.0f} s; see {recipe.run_dir / 'logs'}")
+    raise RunFailed(f"{what} did not answer within {timeout_s:.0f} s; see {recipe.run_dir / 'logs'}")
 
 
 def run(recipe: RunRecipe, *, metrics_out: Path | None = None, console: Console | None = None) -> RunResult:
@@ -135,13 +141,15 @@ def run(recipe: RunRecipe, *, metrics_out: Path | None = None, console: Console 
     topics = Topics(recipe.topic_prefix)
     log = open_log(recipe.bus)
     log.create_topics(catalog_topics(topics))
-    supervisor = Supervisor(recipe_json, recipe.run_dir / "logs")
+    launchers = {"trainer": torchrun(recipe.trainer.processes)} if recipe.trainer.processes > 1 else None
+    supervisor = Supervisor(recipe_json, recipe.run_dir / "logs", launchers=launchers)
     progress = RunProgress(log, topics, metrics_path)
     interrupted = False
     try:
         # Step 3
-        supervisor.start("replica")
-        _wait_for_server(supervisor, recipe, console)
+        for index in range(recipe.inference.replicas):
+            supervisor.start("replica", index)
+        _wait_for_servers(supervisor, recipe, console)
         # Step 4
         for role in ("scorer", "trainer"):
             supervisor.start(role)

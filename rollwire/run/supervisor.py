@@ -57,8 +57,10 @@ def tail(path: Path, lines: int = 15) -> str:
 
 class Supervisor:
     def __init__(self, recipe_json: Path, log_dir: Path, *, max_restarts: int = 3,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, launchers: dict[str, list[str]] | None = None) -> None:
         self.recipe_json, self.log_dir, self.max_restarts = recipe_json, log_dir, max_restarts
+        self.launchers = launchers or {}
+        """What runs a role's module instead of `python -m`, by role (torchrun for a data-parallel trainer)."""
         self.env = {**os.environ, **(env or {})}
         self.children: list[Child] = []
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -71,9 +73,9 @@ class Supervisor:
 
     def _spawn(self, child: Child) -> None:
         with open(child.log_path, "ab") as out:
+            launcher = self.launchers.get(child.role, [sys.executable, "-m"])
             child.process = subprocess.Popen(
-                [sys.executable, "-m", "rollwire.run.roles", child.role, str(self.recipe_json),
-                 "--index", str(child.index)],
+                [*launcher, "rollwire.run.roles", child.role, str(self.recipe_json), "--index", str(child.index)],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env,
                 start_new_session=True, preexec_fn=die_with_parent)
 

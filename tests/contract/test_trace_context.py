@@ -4,28 +4,11 @@ from __future__ import annotations
 
 import time
 
-import pytest
 from builders import rollout
-from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
 from rollwire import telemetry
 from rollwire.bus import DeadLetters, EventConsumer, EventProducer, catalog_topics
-
-_EXPORTER = InMemorySpanExporter()
-
-
-@pytest.fixture
-def spans():
-    if not isinstance(trace.get_tracer_provider(), TracerProvider):
-        provider = TracerProvider()
-        provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
-        trace.set_tracer_provider(provider)
-    _EXPORTER.clear()
-    return _EXPORTER
 
 
 def test_traceparent_travels_in_headers_and_links_consumer_to_producer(log, topics, group_id, spans):

@@ -48,7 +48,8 @@ def test_a_crashed_server_is_restarted_with_the_version_it_served(tiny_models, t
 
     def states():
         with log.reader([topics.fleet]) as reader:
-            return [(e.state, e.serving_version, e.reason)
+            return [(e.state, e.serving_version, e.reason) if e.requested_version is not None or e.state != "serving"
+                    else ("heartbeat", e.serving_version, e.url)
                     for e in (Codec().decode(r.value).event for r in reader.poll_batch(1000, 0.5))]
 
     def wait_for(condition, what, timeout_s=240):

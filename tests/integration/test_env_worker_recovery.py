@@ -1,6 +1,6 @@
-"""Kill an env worker mid-stream, start another: every rollout of every task is published, each
-rollout id stands for one (group, sample) however often its task ran, and the group's read
-position ends at the end of the tasks topic.
+"""Kill an env worker mid-stream, then start another, or let the one already sharing its consumer
+group take over: every rollout of every task is published, each rollout id stands for one (group,
+sample) however often its task ran, and the group's read position ends at the end of the tasks topic.
 
 The workers are `rollwire env-worker` processes running an agent program that sleeps a different
 time per task (no inference server is reached), against the real broker and the embedded log.
@@ -47,8 +47,9 @@ def rollouts(log, topics: Topics) -> list:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("takeover", ["restarted", "survivor"])
 @pytest.mark.parametrize("backend", [pytest.param("kafka", marks=pytest.mark.kafka), "embedded"])
-def test_a_killed_env_worker_loses_no_task_and_its_redeliveries_keep_their_ids(backend, request, tmp_path):
+def test_a_killed_env_worker_loses_no_task_and_its_redeliveries_keep_their_ids(backend, takeover, request, tmp_path):
     bus_settings = (request.getfixturevalue("bus_settings_kafka") if backend == "kafka"
                     else EmbeddedBusSettings(path=tmp_path / "log"))
     topics, log = Topics(f"t{uuid.uuid4().hex[:10]}"), open_log(bus_settings)
@@ -63,6 +64,9 @@ def test_a_killed_env_worker_loses_no_task_and_its_redeliveries_keep_their_ids(b
     worker_log = tmp_path / "worker.log"
 
     first = start_worker(bus_settings, topics.prefix, worker_log)
+    # "survivor": a second worker shares the group from the start and takes the killed one's partitions
+    # (after its session times out); "restarted": a new worker starts once the first is dead
+    other = start_worker(bus_settings, topics.prefix, worker_log) if takeover == "survivor" else None
     try:
         deadline = time.monotonic() + 120
         while sum(log.end_offsets(topics.rollouts).values()) < 12:
@@ -75,7 +79,7 @@ def test_a_killed_env_worker_loses_no_task_and_its_redeliveries_keep_their_ids(b
     assert before < TASKS * GROUP_SIZE, "the worker was killed after it had finished everything"
 
     expected = {f"g{i}-{k}" for i in range(TASKS) for k in range(GROUP_SIZE)}
-    second = start_worker(bus_settings, topics.prefix, worker_log)  # after a rebalance, on Kafka
+    second = other or start_worker(bus_settings, topics.prefix, worker_log)  # after a rebalance, on Kafka
     try:
         deadline = time.monotonic() + 180
         while {r.rollout_id for r in rollouts(log, topics)} != expected:

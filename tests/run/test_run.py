@@ -1,6 +1,7 @@
 """`rollwire run` end to end: real processes, a real vLLM server, the embedded log and Kafka.
 
-A short recipe is run as a user would run it (`rollwire run RECIPE`, a subprocess): interrupted
+A short recipe (two inference replicas, two env workers, a trainer of two torchrun ranks) is run as
+a user would run it (`rollwire run RECIPE`, a subprocess): interrupted
 with Ctrl-C (SIGINT) after two steps, with one component `kill -9`ed on the way, then started
 again to finish. The module's tests then check what that run left: resume, metrics, curve, and
 one rollout's trace from the env worker through scoring to the trainer step and the reload that
@@ -54,10 +55,11 @@ def _processes_of(run_dir: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def interrupted_run(tmp_path_factory) -> dict:
-    """Runs 8 steps in two parts: SIGINT after step 3 (the scorer `kill -9`ed before), then a resume."""
+    """Runs 8 steps in two parts: SIGINT after step 3 (the scorer `kill -9`ed before), then a resume;
+    two inference replicas and two env workers, routed by version, and a trainer of two ranks."""
     folder = tmp_path_factory.mktemp("run")
     run_dir, metrics = folder / "short", folder / "short" / "metrics.jsonl"
-    recipe = recipe_file(folder, "short", steps=8)
+    recipe = recipe_file(folder, "short", steps=8, replicas=2, env_workers=2, trainer_processes=2)
     first = start_run(str(recipe), "--run-dir", str(run_dir))
     _wait_for_steps(first, metrics, 1)
     killed = _role_process(first, "scorer")
@@ -94,6 +96,40 @@ def test_ctrl_c_stops_every_component_and_the_same_command_resumes(interrupted_r
     assert "metric/completion_tokens" in rows[-1] and "reward/exact_match" in rows[-1]
     assert "mean reward first 10 steps" in run["second_output"]
     assert (run["run_dir"] / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_calls_are_routed_over_both_replicas_and_both_end_on_the_newest_version(interrupted_run):
+    from rollwire.bus import Beginning, EmbeddedBusSettings, open_log
+    from rollwire.schemas import Codec
+    spans = _spans(interrupted_run["run_dir"])
+    calls = [s for s in spans if s["name"] == "inference generate"]
+    routes = [(s["attributes"]["rollwire.replica"], s["attributes"]["rollwire.route"]) for s in calls]
+    assert {replica for replica, _ in routes} == {"replica-0", "replica-1"}, routes[:10]
+    assert {route for _, route in routes} <= {"newest", "sticky", "failover"}
+    # the replica a call went to never served an older version than the one that sampled it said
+    by_replica: dict[str, int] = {}
+    for s in calls:
+        versions = [int(v) for v in s["attributes"]["rollwire.weight_versions"].split(",") if v.isdigit()]
+        assert all(v >= s["attributes"]["rollwire.replica_version"] for v in versions), s["attributes"]
+        by_replica[s["attributes"]["rollwire.replica"]] = by_replica.get(s["attributes"]["rollwire.replica"], 0) + 1
+    assert min(by_replica.values()) >= len(calls) // 10, by_replica  # both carry real load
+    with open_log(EmbeddedBusSettings(path=interrupted_run["run_dir"] / "log")) as log, \
+            log.reader(["short.fleet"], Beginning()) as reader:
+        statuses = []
+        while batch := reader.poll_batch(500, 0.5):
+            statuses += [Codec().decode(r.value).event for r in batch]
+    newest: dict[str, int] = {}
+    for s in statuses:
+        if s.state == "serving":
+            newest[s.replica_id] = max(newest.get(s.replica_id, 0), s.serving_version or 0)
+    assert newest.keys() == {"replica-0", "replica-1"} and min(newest.values()) >= 7, newest  # both follow the trainer
+    assert all(s.url and s.url.startswith("http://127.0.0.1:") for s in statuses)
+
+
+def test_the_trainer_ran_as_two_torchrun_ranks(interrupted_run):
+    log = (interrupted_run["run_dir"] / "logs" / "trainer-0.log").read_text()
+    assert "trainer rank 0 of 2 (gloo)" in log and "trainer rank 1 of 2 (gloo)" in log, log[-2000:]
+    assert "rank 1: " in log and "rank 0 stopped" in log  # rank 1 followed rank 0 to the end
 
 
 def test_every_rollout_is_trained_at_most_once_across_the_interruption(interrupted_run):
