@@ -48,11 +48,15 @@ exporter = "file"
 """
 
 
-def recipe_file(folder: Path, name: str, steps: int, *, replicas: int = 1, env_workers: int = 1,
-                trainer_processes: int = 1) -> Path:
+def short_recipe(name: str, steps: int, *, replicas: int = 1, env_workers: int = 1, trainer_processes: int = 1) -> str:
+    """The short recipe's text: `replicas` inference replicas, `env_workers`, trainer ranks."""
+    return SHORT.format(name=name, steps=steps, replicas=replicas, env_workers=env_workers,
+                        trainer_processes=trainer_processes)
+
+
+def recipe_file(folder: Path, name: str, steps: int, **shape: int) -> Path:
     path = folder / f"{name}.toml"
-    path.write_text(SHORT.format(name=name, steps=steps, replicas=replicas, env_workers=env_workers,
-                                 trainer_processes=trainer_processes))
+    path.write_text(short_recipe(name, steps, **shape))
     return path
 
 

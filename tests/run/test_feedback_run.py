@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from user_runs import SHORT, finish, metrics_rows, start_run
+from user_runs import finish, metrics_rows, short_recipe, start_run
 
 from rollwire.bus import Beginning, EmbeddedBusSettings, KafkaBusSettings, open_log
 from rollwire.schemas import Codec, Topics
@@ -84,7 +84,7 @@ def feedback_run(request, tmp_path_factory) -> dict:
     name = f"prod{uuid.uuid4().hex[:8]}"
     run_dir = folder / name
     recipe = folder / "prod.toml"
-    recipe.write_text(SHORT.format(name=name, steps=60) + FEEDBACK)  # stopped once the feedback is trained
+    recipe.write_text(short_recipe(name, 60) + FEEDBACK)  # stopped once the feedback is trained
     secrets = {"ROLLWIRE_SERVE_TOKENS": f"shop=serve-{secrets_module.token_urlsafe(24)}",
                "ROLLWIRE_FEEDBACK_TOKENS": f"shop=feedback-{secrets_module.token_urlsafe(24)}"}
     bus, bus_args = None, []

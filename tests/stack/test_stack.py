@@ -112,10 +112,8 @@ def stack() -> Iterator[Stack]:
     stack = Stack()
     try:
         images = _deploy_module("images")
-        missing = [name for name in images.IMAGES if name != "rollwire" and not images.image_exists(images.TAGS[name])]
         try:
-            images.build(missing, rebuild=False)
-            images.build(["rollwire"], rebuild=True)  # this checkout's code; the layer cache keeps torch
+            images.build(list(images.IMAGES))  # what is missing, and rollwire's from this checkout (layer cache)
         except images.BuildError as exc:
             pytest.fail(f"building the stack's images failed: {exc}", pytrace=False)
         stack.compose("up", "-d", "--no-build", timeout_s=900)
