@@ -60,7 +60,8 @@ stack:
 	$(COMPOSE_OFFLINE) up -d --no-build
 
 stack-down:
-	$(COMPOSE_OFFLINE) down -v --remove-orphans
+	$(COMPOSE_OFFLINE) --profile feedback down -v --remove-orphans
+	$(PYTHON) deploy/stack/engine.py stop
 
 bench-bus: install
 	$(VENV)/bin/python bench/bus.py

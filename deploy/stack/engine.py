@@ -2,6 +2,7 @@
 
     python deploy/stack/engine.py status     # which engine answers, or why none does
     python deploy/stack/engine.py start      # start dockerd (root, Debian's docker.io) unless one runs
+    python deploy/stack/engine.py stop       # stop the dockerd `start` started (by its PID file), nothing else
 
 A machine without an init system (CI here, containers) has Debian's `docker.io` installed but no
 engine running: `start` runs `dockerd` in the background with its log in .cache/stack/dockerd.log
@@ -109,7 +110,16 @@ def main(argv: list[str]) -> int:
             return 1
         print(f"Docker engine {engine.version} " + (f"started (pid {engine.pid})" if engine.pid else "already running"))
         return 0
-    print("usage: engine.py [status|start]", file=sys.stderr)
+    if command == "stop":
+        pid_file = STATE / "dockerd.pid"
+        if not pid_file.exists():
+            print("no engine started by engine.py is running (no .cache/stack/dockerd.pid)")
+            return 0
+        pid = int(pid_file.read_text().strip())
+        stop(Engine(answering() or "?", pid))
+        print(f"stopped dockerd (pid {pid})")
+        return 0
+    print("usage: engine.py [status|start|stop]", file=sys.stderr)
     return 2
 
 
