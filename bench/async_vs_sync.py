@@ -40,39 +40,13 @@ import time
 from pathlib import Path
 
 from hops import step_hops, table
+from recipes import env_bound_recipe
 from rich.console import Console
 
 from rollwire.bus import EmbeddedBusSettings, open_log
 from rollwire.run.recipe import load_recipe
 from rollwire.run.runner import run
 from rollwire.schemas.topics import Topics
-
-RECIPE = """
-name = "bench"
-steps = {steps}
-[model.tiny]
-seed = 0
-[warm_start]
-steps = 0
-[[environments]]
-name = "reverse-digits"
-algorithm = "grpo-nostd"
-group_size = 8
-options = {{ seed = 7 }}
-sampling = {{ temperature = 1.0, max_tokens = 8 }}
-[env_workers]
-concurrency = {concurrency}
-inference_concurrency = {inference_concurrency}
-inference_window_s = {inference_window}
-simulated_latency = {{ distribution = "{distribution}", scale_s = {scale}, sigma = 1.0, alpha = 1.5, max_s = 20, seed = 1 }}
-[trainer]
-micro_batch_rollouts = 32
-[trainer.batch]
-batch_rollouts = 32
-max_off_policy = {max_off_policy}
-[inference]
-max_model_len = 64
-"""
 
 
 class CpuSampler:
@@ -123,9 +97,9 @@ class CpuSampler:
 def measure(folder: Path, name: str, max_off_policy: int, steps: int, distribution: str, scale: float,
             warmup: int, args: argparse.Namespace) -> dict:
     path = folder / f"{name}.toml"
-    path.write_text(RECIPE.format(steps=steps, distribution=distribution, scale=scale, max_off_policy=max_off_policy,
-                                  concurrency=args.concurrency, inference_concurrency=args.inference_concurrency,
-                                  inference_window=args.inference_window))
+    path.write_text(env_bound_recipe(steps=steps, distribution=distribution, scale=scale, max_off_policy=max_off_policy,
+                                     concurrency=args.concurrency, inference_concurrency=args.inference_concurrency,
+                                     inference_window=args.inference_window))
     recipe = load_recipe(path, run_dir=str(folder / name))
     sampler = CpuSampler()
     result = run(recipe, console=Console(stderr=True, quiet=True))

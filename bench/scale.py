@@ -34,41 +34,16 @@ from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+from recipes import env_bound_recipe  # noqa: E402
+
 from rollwire.run.recipe import load_recipe  # noqa: E402
 from rollwire.run.runner import run  # noqa: E402
-
-RECIPE = """
-name = "{name}"
-steps = {steps}
-[model.tiny]
-seed = 0
-[warm_start]
-steps = 0
-[[environments]]
-name = "reverse-digits"
-algorithm = "grpo-nostd"
-group_size = 8
-options = {{ seed = 7 }}
-sampling = {{ temperature = 1.0, max_tokens = 8 }}
-[env_workers]
-count = {workers}
-concurrency = 8
-simulated_latency = {{ distribution = "lognormal", scale_s = {latency}, sigma = 0.5, max_s = 20, seed = 1 }}
-[trainer]
-micro_batch_rollouts = 32
-[trainer.batch]
-batch_rollouts = 32
-max_off_policy = 4
-[inference]
-max_model_len = 64
-replicas = {replicas}
-"""
 
 
 def samples_per_s(folder: Path, name: str, workers: int, replicas: int, args: argparse.Namespace) -> float:
     path = folder / f"{name}.toml"
-    path.write_text(RECIPE.format(name=name, steps=args.steps, workers=workers, replicas=replicas,
-                                  latency=args.latency))
+    path.write_text(env_bound_recipe(name=name, steps=args.steps, workers=workers, replicas=replicas,
+                                     scale=args.latency, sigma=0.5))
     recipe = load_recipe(path, run_dir=str(folder / name))
     result = run(recipe, console=Console(stderr=True, quiet=True))
     if result.interrupted or result.steps < args.steps:

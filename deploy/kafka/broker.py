@@ -15,9 +15,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -25,6 +23,9 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # deploy/: the shared helpers
+from pids import stop_pid  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -163,23 +164,7 @@ def start(run_dir: Path, cache: Path = DEFAULT_CACHE, heap: str = "512m") -> Bro
 
 def stop(info: BrokerInfo, timeout: float = 20.0) -> None:
     """Ends the broker process `info.pid` (SIGTERM, then SIGKILL after `timeout`)."""
-    try:
-        os.kill(info.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            waited, _ = os.waitpid(info.pid, os.WNOHANG)
-            if waited == info.pid:
-                return
-        except ChildProcessError:  # not our child: poll for its exit instead
-            try:
-                os.kill(info.pid, 0)
-            except ProcessLookupError:
-                return
-        time.sleep(0.1)
-    os.kill(info.pid, signal.SIGKILL)
+    stop_pid(info.pid, timeout)
 
 
 def _main(argv: list[str]) -> int:

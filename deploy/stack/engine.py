@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # deploy/: the shared helpers
+from pids import stop_pid  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 STATE = REPO / ".cache" / "stack"
@@ -75,25 +77,8 @@ def ensure(timeout_s: float = 60.0) -> Engine:
 
 def stop(engine: Engine, timeout_s: float = 30.0) -> None:
     """Stops the engine `ensure` started (SIGTERM, then SIGKILL); an engine found running is left alone."""
-    if engine.pid is None:
-        return
-    try:
-        os.kill(engine.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            os.kill(engine.pid, 0)
-        except ProcessLookupError:
-            return
-        try:  # our own child when started from this process: reap it
-            if os.waitpid(engine.pid, os.WNOHANG)[0] == engine.pid:
-                return
-        except ChildProcessError:
-            pass
-        time.sleep(0.2)
-    os.kill(engine.pid, signal.SIGKILL)
+    if engine.pid is not None:
+        stop_pid(engine.pid, timeout_s)
 
 
 def main(argv: list[str]) -> int:
