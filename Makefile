@@ -10,7 +10,7 @@ VENV ?= .venv
 # with the newer click, so the test environment installs the streaming role first and lets the
 # model roles upgrade click. A GPU machine swaps inference-cpu for inference.
 EXTRAS ?= dev,kafka,streams,objectstore,serve
-MODEL_EXTRAS ?= trainer,lora,inference-cpu,datasets
+MODEL_EXTRAS ?= trainer,lora,inference-cpu,datasets,tensorboard,mlflow
 PYTEST_ARGS ?=
 RUN_ARGS ?=
 comma := ,

@@ -145,7 +145,7 @@ class BatchConsumer:
         self._pending = collections.deque(d for d in self._pending if id(d) not in taken)
         self._recount_production()
         environment = [d for d in chosen if d.event.production is None] or chosen
-        lags = [self._lag(d.event.rollout, policy_version) for d in environment]
+        lags = [self.staleness_of(d.event.rollout, policy_version) for d in environment]
         batch = Batch(rollouts=[d.event for d in chosen], headers=[d.record.headers for d in chosen],
                       staleness=Staleness(min=min(lags), mean=sum(lags) / len(lags), max=max(lags)),
                       drops={k: list(v) for k, v in self.drops.items()})
@@ -242,10 +242,10 @@ class BatchConsumer:
     def _stale(self, scored: ScoredRollout, policy_version: int, now: int) -> bool:
         if scored.production is not None:
             return now - scored.production.served_at_ms > self.mix.max_age_s * 1000
-        return self._lag(scored.rollout, policy_version) > self.settings.max_off_policy
+        return self.staleness_of(scored.rollout, policy_version) > self.settings.max_off_policy
 
     @staticmethod
-    def _lag(rollout, policy_version: int) -> int:
+    def staleness_of(rollout, policy_version: int) -> int:
         """Versions between the rollout's oldest sampled token and the trainer. A version newer than
         the trainer's (a trainer restored from an older checkpoint than the fleet saw) counts as 0."""
         oldest = rollout.min_version if rollout.min_version is not None else policy_version

@@ -1,11 +1,17 @@
 """Beside each vLLM server: follow the weights topic and hot-reload every verified version.
 
     reads:  <prefix>.weights   (compacted; no consumer group: every replica reads every version)
+            <prefix>.serving   instead, for a serving replica (`follow = "serving"`)
     writes: <prefix>.fleet     (ReplicaStatus, key: replica id)
+
+A training replica follows every version the trainer publishes. A serving replica follows the
+decisions on `serving` (`rollwire promote`, `rollwire rollback`): it loads the version its lane
+gets, the decision's stable version or, in the `canary` lane, its canary, older ones included.
 
 For each `WeightsPublished` of its policy, newest first on start (catch-up) and then as they come:
 
-    # Step 1  ignore the served version sent again; refuse older ones (an old event arriving late)
+    # Step 1  ignore the served version sent again; refuse older ones (an old event arriving late),
+    #         unless a serving decision names it
     # Step 2  download into a fresh cache folder and verify: manifest digest, every file's size and
     #         sha256, safetensors headers (`rollwire.weight_versions.fetch`)
     # Step 3  full weights: names, dtypes and shapes must equal the served model's
@@ -24,17 +30,18 @@ import logging
 import shutil
 import time
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rollwire import telemetry
+from rollwire import metrics, telemetry
 from rollwire.bus import AtOffsets, DeadLetters, EventConsumer, EventLog, EventProducer
 from rollwire.consumers.vllm_control import VllmControl, VllmError
 from rollwire.objectstore import ObjectStore, ObjectStoreError
 from rollwire.schemas.envelope import Codec
 from rollwire.schemas.errors import SchemaError
 from rollwire.schemas.topics import Topics
-from rollwire.schemas.weights import ReplicaStatus, WeightsPublished
+from rollwire.schemas.weights import ReplicaStatus, ServingDecision, WeightsPublished
 from rollwire.weight_versions import CheckpointError, check_compatible, describe, fetch
 
 logger = logging.getLogger(__name__)
@@ -61,6 +68,12 @@ class WeightSubscriberSettings(BaseModel):
     heartbeat_s: float = Field(default=10.0, gt=0)
     """With nothing else reported for this long, `serving` is reported again: routers drop a replica
     silent for 30 s (`rollwire.producers.routing.MEMBER_TTL_S`)."""
+    follow: Literal["weights", "serving"] = "weights"
+    """`weights`: every version the trainer publishes (a training replica). `serving`: the versions
+    production is decided to serve (`ServingDecision`), older ones on a rollback (a serving replica)."""
+    lane: Literal["stable", "canary"] = "stable"
+    """With `follow = "serving"`: which version of a decision this replica loads. A canary replica
+    serves the stable version while no canary is on trial."""
 
 
 TIED_RELOAD = ("the served model ties its output layer to its embeddings (tie_word_embeddings), and vLLM's "
@@ -100,6 +113,8 @@ class WeightSubscriber:
         self._reader: EventConsumer | None = None
         self._reported_at = 0.0
         self._state = "starting"
+        self._reload_duration = metrics.seconds_histogram(
+            "rollwire.weights.reload.duration", "seconds to download, verify and swap in one weight version")
 
     @property
     def serving_version(self) -> int | None:
@@ -108,11 +123,17 @@ class WeightSubscriber:
     def lora_name(self, version: int) -> str:
         return f"{self.settings.policy}-v{version}"
 
+    @property
+    def topic(self) -> str:
+        """The topic followed: `weights`, or `serving` for a serving replica."""
+        return self.topics.serving if self.settings.follow == "serving" else self.topics.weights
+
     def catch_up(self) -> ReplicaStatus | None:
-        """Applies the newest published version (if any) and starts following from there."""
-        ends = self.log.end_offsets(self.topics.weights)
-        latest = self.log.latest_per_key(self.topics.weights).get(self.settings.policy.encode())
-        reader = self.log.reader([self.topics.weights], AtOffsets({(self.topics.weights, p): o for p, o in ends.items()}))
+        """Applies the newest published version, or the latest decision's (if any), and starts
+        following from there."""
+        ends = self.log.end_offsets(self.topic)
+        latest = self.log.latest_per_key(self.topic).get(self.settings.policy.encode())
+        reader = self.log.reader([self.topic], AtOffsets({(self.topic, p): o for p, o in ends.items()}))
         self._reader = EventConsumer(reader, self._dead_letters)
         if latest is None or latest.value is None:
             return None
@@ -122,7 +143,16 @@ class WeightSubscriber:
             self._dead_letters.send(latest, exc, stage="decode")
             self._dead_letters.flush()
             return None
-        return self.apply(event)
+        return self._take(event)
+
+    def _take(self, event) -> ReplicaStatus | None:
+        """Applies a weights event, or the version a serving decision gives this replica's lane."""
+        if self.settings.follow == "serving":
+            if not isinstance(event, ServingDecision):
+                return None
+            target = event.canary if self.settings.lane == "canary" and event.canary is not None else event.stable
+            return self.apply(target, decided=True)
+        return self.apply(event) if isinstance(event, WeightsPublished) else None
 
     def poll(self, timeout_s: float = 1.0) -> list[ReplicaStatus]:
         """Applies versions published since the last call; unloads retired adapters. A record that is
@@ -134,24 +164,27 @@ class WeightSubscriber:
             event = delivery.event
             if delivery.record.key != self.settings.policy.encode():
                 continue
-            if not isinstance(event, WeightsPublished):
-                self._reader.dead_letter(delivery, f"a {event.type} event on the weights topic")
+            expected = ServingDecision if self.settings.follow == "serving" else WeightsPublished
+            if not isinstance(event, expected):
+                self._reader.dead_letter(delivery, f"a {event.type} event on {self.topic}, where this replica "
+                                                   f"expects {expected.model_fields['type'].default}")
                 continue
             with self._reader.process_span(delivery):
-                status = self.apply(event)
+                status = self._take(event)
             if status is not None:
                 statuses.append(status)
         self._dead_letters.flush()
         self._unload_retired()
         return statuses
 
-    def apply(self, event: WeightsPublished) -> ReplicaStatus | None:
-        """Steps 1-5 for one version; None when it is the version already served (a re-sent event)."""
+    def apply(self, event: WeightsPublished, *, decided: bool = False) -> ReplicaStatus | None:
+        """Steps 1-5 for one version; None when it is the version already served (a re-sent event).
+        `decided`: a serving decision names it, so an older version is loaded too (a rollback)."""
         # Step 1
         if self.serving is not None and (event.version, event.manifest_sha256) == \
                 (self.serving.version, self.serving.manifest_sha256):
             return None
-        if self.serving is not None and event.version <= self.serving.version:
+        if self.serving is not None and event.version <= self.serving.version and not decided:
             return self._report("failed", event, reason=f"version {event.version} is not newer than the served "
                                                         f"version {self.serving.version}; keeping it")
         started = time.perf_counter()
@@ -188,6 +221,8 @@ class WeightSubscriber:
         logger.info("replica %s serves version %d (was %s)", self.settings.replica_id, event.version,
                     previous.version if previous else None)
         # Step 5
+        self._reload_duration.record(download_s + swap_s, {"rollwire.replica_id": self.settings.replica_id,
+                                                           "rollwire.weight_format": event.format})
         return self._report("serving", event, bytes_downloaded=sum(f.size_bytes for f in manifest.files),
                             download_s=download_s, swap_s=swap_s)
 

@@ -49,7 +49,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Status, StatusCode
 from pydantic import BaseModel, ConfigDict, Field
 
-from rollwire import telemetry, trace_blobs
+from rollwire import metrics, telemetry, trace_blobs
 from rollwire.bus import CommitFailedError, DeadLetters, Delivery, EventConsumer, EventLog, EventProducer
 from rollwire.consumers.vllm_control import VllmControl, VllmError
 from rollwire.objectstore import ObjectStore
@@ -197,6 +197,7 @@ class EnvWorker:
                                             rollouts=lambda: len(self._slots))
         latency = self.settings.simulated_latency
         self._delay = latency.sampler() if latency else None
+        self._rollouts = metrics.rollouts_counter()
         self._lock = threading.Lock()  # guards the fields below and serialises sends
         self._slots: set[_Slot] = set()
         self._open: dict[tuple[str, int], dict[int, _Task]] = {}  # partition -> offset -> task
@@ -299,6 +300,8 @@ class EnvWorker:
             self._slots.discard(slot)
             self._published += 1
             self.published_total += 1
+        self._rollouts.add(1, {"rollwire.environment": rollout.environment,
+                               "outcome": "errored" if rollout.error is not None else "completed"})
         self._freed.set()
         self.inference_gate.notify()
 

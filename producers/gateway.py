@@ -39,6 +39,8 @@ from rollwire.bus import EventLog, EventProducer
 from rollwire.consumers.vllm_control import VllmControl, VllmError
 from rollwire.http_service import Refused, check_exposure, load_tokens, read_json, refusals, run_app, source_of
 from rollwire.producers.interception import END_OF_TURN, Interceptor, recorded_call, shown_ids
+from rollwire.producers.releases import ServingPlan
+from rollwire.producers.routing import FleetView, RolloutRoute, Router
 from rollwire.schemas.base import new_id
 from rollwire.schemas.rollout import InferenceCall, SamplingParams
 from rollwire.schemas.serving import ResponseServed
@@ -58,7 +60,13 @@ class GatewaySettings(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     upstream: str = "http://127.0.0.1:8000"
-    """The vLLM server it serves from (a replica of `rollwire inference`, or `rollwire run`'s)."""
+    """The vLLM server it serves from (a replica of `rollwire inference`, or `rollwire run`'s), unless `fleet`."""
+    fleet: bool = False
+    """Serve from every replica reporting on `fleet` instead of `upstream`: each request goes to the
+    version the serving decisions give it (`rollwire promote --canary`: the canary's share of requests
+    to the canary, the rest to the stable version), then to the least loaded replica serving it."""
+    policy: str = "policy"
+    """Policy whose serving decisions the gateway follows (with `fleet`)."""
     model: str = "policy"
     """The model name clients ask for (the upstream's served name)."""
     host: str = "127.0.0.1"
@@ -146,18 +154,32 @@ class Gateway:
     """Serves one request at a time per call; thread-safe (every vLLM call runs in a worker thread)."""
 
     def __init__(self, log: EventLog, topics: Topics, settings: GatewaySettings, *,
-                 control: VllmControl | None = None, rng: random.Random | None = None) -> None:
+                 control: VllmControl | None = None, router: Router | None = None, plan: ServingPlan | None = None,
+                 rng: random.Random | None = None) -> None:
         self.settings = settings
-        self.control = control or VllmControl(settings.upstream)
+        if router is None and settings.fleet and control is None:
+            router = Router(FleetView()).follow(log, topics)
+            plan = ServingPlan(settings.policy).follow(log, topics)
+        self.router = router or Router.single(control or VllmControl(settings.upstream))
+        """Where requests go: one upstream, or the fleet by the serving decisions (`plan`)."""
+        self.plan = plan
         self.recorder = Recorder(log, topics)
         self._rng = rng or random.Random()
         self._end_of_turn: list[int] | None = None
 
-    def end_of_turn(self) -> list[int]:
+    def route(self) -> RolloutRoute:
+        """One request's way to a replica: the version the serving plan picks for it, if any."""
+        return self.router.route(self.plan.pick(self._rng) if self.plan is not None else None)
+
+    def end_of_turn(self, route: RolloutRoute) -> list[int]:
         if self._end_of_turn is None:
-            ids = self.control.tokenize(END_OF_TURN)
+            ids = route.tokenize(END_OF_TURN)
             self._end_of_turn = ids if len(ids) == 1 else []
         return self._end_of_turn
+
+    def healthy(self) -> bool:
+        """Whether any replica it routes to answers."""
+        return any(member.control.healthy() for member in self.router.fleet.members())
 
     def _record(self, *, response_id: str, source: str, conversation_id: str | None, endpoint: str,
                 call: InferenceCall, completion: str, messages: list[dict[str, str]] | None = None,
@@ -174,7 +196,7 @@ class Gateway:
         """A whole response: `(receipt, OpenAI response body)`."""
         sampling = _sampling(body, self.settings)
         response_id = f"resp-{new_id()}"
-        interceptor = Interceptor(self.control, sampling, model=self.settings.model)
+        interceptor = Interceptor(self.route(), sampling, model=self.settings.model)
         try:
             if chat:
                 messages = _messages(body)
@@ -210,12 +232,13 @@ class Gateway:
         prompt = None if chat else body.get("prompt")
         if not chat and not isinstance(prompt, str):
             raise Refused(422, "prompt must be a string")
+        route = self.route()
         try:
             if chat:
-                prompt_ids = await asyncio.to_thread(self.control.render_chat, messages or [], model=self.settings.model)
-                stop = await asyncio.to_thread(self.end_of_turn)
+                prompt_ids = await asyncio.to_thread(route.render_chat, messages or [], model=self.settings.model)
+                stop = await asyncio.to_thread(self.end_of_turn, route)
             else:
-                prompt_ids, stop = await asyncio.to_thread(self.control.tokenize, prompt or ""), []
+                prompt_ids, stop = await asyncio.to_thread(route.tokenize, prompt or ""), []
         except VllmError as exc:
             raise Refused(502, f"the model server failed: {exc}") from None
         loop = asyncio.get_running_loop()
@@ -223,7 +246,7 @@ class Gateway:
 
         def pump() -> None:  # the upstream stream, read in a thread, handed to the event loop
             try:
-                for chunk in self.control.generate_stream(prompt_ids, max_tokens=sampling.max_tokens,
+                for chunk in route.generate_stream(prompt_ids, max_tokens=sampling.max_tokens,
                                                           temperature=sampling.temperature, model=self.settings.model,
                                                           stop_token_ids=stop):
                     loop.call_soon_threadsafe(queue.put_nowait, chunk)
@@ -250,7 +273,7 @@ class Gateway:
                     if choice.get(name) is not None:
                         joined[name] = choice[name]
                 shown = shown_ids(joined, stop) if joined.get("finish_reason") else joined["token_ids"]
-                now = await asyncio.to_thread(self.control.detokenize, shown) if shown else ""
+                now = await asyncio.to_thread(route.detokenize, shown) if shown else ""
                 delta, text = now[len(text):], now
                 if delta or joined.get("finish_reason"):
                     part: dict[str, Any] = ({"delta": {"content": delta}} if chat else {"text": delta})
@@ -268,7 +291,9 @@ class Gateway:
 
     def close(self) -> None:
         self.recorder.close()
-        self.control.close()
+        if self.plan is not None:
+            self.plan.close()
+        self.router.close()
 
 
 def build_app(gateway: Gateway, tokens: Mapping[str, str]):
@@ -321,7 +346,7 @@ def build_app(gateway: Gateway, tokens: Mapping[str, str]):
                                                                "owned_by": "rollwire"}]})
 
     async def healthz(request: web.Request) -> web.Response:
-        healthy = await asyncio.to_thread(gateway.control.healthy)
+        healthy = await asyncio.to_thread(gateway.healthy)
         return web.json_response({"status": "ok" if healthy else "upstream down", "recorded": gateway.recorder.recorded,
                                   "lost": gateway.recorder.lost}, status=200 if healthy else 503)
 
@@ -338,7 +363,8 @@ def serve(log: EventLog, topics: Topics, settings: GatewaySettings, *, ready=Non
     gateway = Gateway(log, topics, settings)
     try:
         run_app(build_app(gateway, tokens), settings.host, settings.port, ready=ready,
-                describe=lambda port: f"serving {settings.model} from {settings.upstream} on http://{settings.host}:"
+                describe=lambda port: f"serving {settings.model} from "
+                                      f"{'the fleet, by serving decisions,' if settings.fleet else settings.upstream} on http://{settings.host}:"
                                       f"{port}, recording {100 * settings.record_fraction:.0f}% of responses on "
                                       f"{topics.served}")
     finally:

@@ -30,6 +30,7 @@ from typing import Any
 
 from opentelemetry import trace
 
+from rollwire import metrics
 from rollwire.bus import Beginning, EventLog
 from rollwire.consumers.vllm_control import VllmControl, VllmError
 from rollwire.producers.interception import version_number
@@ -120,11 +121,15 @@ class FleetView:
 
 
 def choose(members: Sequence[Member], *, sticky: str | None, min_version: int | None,
-           avoid: Collection[str] = frozenset(), rng: random.Random | None = None) -> tuple[Member, str]:
-    """The replica for a rollout's next call, and why (`sticky`, `newest`, `failover`).
+           avoid: Collection[str] = frozenset(), rng: random.Random | None = None,
+           prefer: tuple[int, str] | None = None) -> tuple[Member, str]:
+    """The replica for a rollout's next call, and why (`sticky`, `newest`, `failover`, or the lane
+    of `prefer`).
 
     `sticky` is the replica of the rollout's earlier calls; `min_version` the newest version they
-    were sampled on. A member serving an unknown version (a static URL) is eligible for any rollout."""
+    were sampled on. A member serving an unknown version (a static URL) is eligible for any rollout.
+    `prefer` (version, lane) asks for replicas serving that version (the serving gateway's canary or
+    stable version); while none does, the newest version takes the call (`<lane>-unserved`)."""
     def eligible(m: Member) -> bool:
         return m.replica_id not in avoid and (min_version is None or m.version is None or m.version >= min_version)
 
@@ -136,12 +141,16 @@ def choose(members: Sequence[Member], *, sticky: str | None, min_version: int | 
     for m in candidates:
         if m.replica_id == sticky:
             return m, "sticky"
-    newest = max((m.version for m in candidates if m.version is not None), default=None)
-    pool = [m for m in candidates if m.version is None or m.version == newest]
+    why = "failover" if sticky is not None else "newest"
+    pool = [m for m in candidates if prefer is not None and m.version == prefer[0]]
+    if prefer is not None:
+        why = prefer[1] if pool else f"{prefer[1]}-unserved"
+    if not pool:
+        newest = max((m.version for m in candidates if m.version is not None), default=None)
+        pool = [m for m in candidates if m.version is None or m.version == newest]
     fewest = min(m.in_flight for m in pool)
     pool = [m for m in pool if m.in_flight == fewest]
-    picked = (rng or random).choice(pool)
-    return picked, "failover" if sticky is not None else "newest"
+    return (rng or random).choice(pool), why
 
 
 class Router:
@@ -152,6 +161,8 @@ class Router:
         self._lock = threading.Lock()
         self._follower: threading.Thread | None = None
         self._stop = threading.Event()
+        metrics.observe("rollwire.replica.in_flight", self.in_flight, attribute="rollwire.replica_id",
+                        unit="{request}", description="requests open on each replica, from this router")
 
     @classmethod
     def single(cls, control: VllmControl) -> Router:
@@ -190,18 +201,19 @@ class Router:
         ready.wait(timeout=10.0)
         return self
 
-    def route(self) -> RolloutRoute:
-        """A route for one new rollout."""
-        return RolloutRoute(self)
+    def route(self, prefer: tuple[int, str] | None = None) -> RolloutRoute:
+        """A route for one new rollout (or production request, with the version it should go to)."""
+        return RolloutRoute(self, prefer)
 
-    def pick(self, *, sticky: str | None, min_version: int | None, avoid: set[str]) -> tuple[Member, str]:
+    def pick(self, *, sticky: str | None, min_version: int | None, avoid: set[str],
+             prefer: tuple[int, str] | None = None) -> tuple[Member, str]:
         """A member, waiting up to `wait_s` for one to serve (a replica restarting, the first start)."""
         deadline = time.monotonic() + self.wait_s
         while True:
             try:
                 with self._lock:
                     member, why = choose(self.fleet.members(), sticky=sticky, min_version=min_version, avoid=avoid,
-                                         rng=self.rng)
+                                         rng=self.rng, prefer=prefer)
                     member.in_flight += 1
                     return member, why
             except NoReplica:
@@ -209,6 +221,11 @@ class Router:
                     raise
             with self.fleet.changed:
                 self.fleet.changed.wait(timeout=1.0)
+
+    def in_flight(self) -> dict[str, int]:
+        """Requests open on each serving replica."""
+        with self._lock:
+            return {m.replica_id: m.in_flight for m in self.fleet.members()}
 
     def done(self, member: Member) -> None:
         with self._lock:
@@ -225,8 +242,8 @@ class RolloutRoute:
     """One rollout's way to the fleet, with the interface of `VllmControl` that interceptors use:
     every call goes to the rollout's replica, chosen at its first call."""
 
-    def __init__(self, router: Router) -> None:
-        self.router = router
+    def __init__(self, router: Router, prefer: tuple[int, str] | None = None) -> None:
+        self.router, self.prefer = router, prefer
         self.replica: str | None = None
         self.min_version: int | None = None
         self.base_url = ""
@@ -234,7 +251,8 @@ class RolloutRoute:
     def _call(self, fn: Callable[[VllmControl], Any], *, sampled: Callable[[Any], list[int]] | None = None) -> Any:
         avoid: set[str] = set()
         while True:
-            member, why = self.router.pick(sticky=self.replica, min_version=self.min_version, avoid=avoid)
+            member, why = self.router.pick(sticky=self.replica, min_version=self.min_version, avoid=avoid,
+                                           prefer=self.prefer)
             span = trace.get_current_span()
             span.set_attributes({"rollwire.replica": member.replica_id, "rollwire.route": why,
                                  "rollwire.replica_version": -1 if member.version is None else member.version})
@@ -270,7 +288,8 @@ class RolloutRoute:
 
     def generate_stream(self, token_ids: Sequence[int], **options: Any) -> Iterator[dict]:
         """Streams from the rollout's replica (no failover once chunks flow: tokens were sampled)."""
-        member, why = self.router.pick(sticky=self.replica, min_version=self.min_version, avoid=set())
+        member, why = self.router.pick(sticky=self.replica, min_version=self.min_version, avoid=set(),
+                                       prefer=self.prefer)
         trace.get_current_span().set_attributes({"rollwire.replica": member.replica_id, "rollwire.route": why})
         self.replica, self.base_url = member.replica_id, member.url
         try:

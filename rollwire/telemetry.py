@@ -38,16 +38,19 @@ from opentelemetry.sdk.trace.export import (
 )
 from opentelemetry.trace import Link, SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from rollwire.errors import ConfigError
+from rollwire.metrics import MetricsSettings
+from rollwire.trackers import MLflowSettings, TensorBoardSettings, TrackerName, TrackioSettings, WandbSettings
 
 TRACER_NAME = "rollwire"
 _propagator = TraceContextTextMapPropagator()
 
 
 class TelemetrySettings(BaseModel):
-    """Where spans go."""
+    """Where spans go (`exporter`), where metrics go (`[telemetry.metrics]`, `rollwire.metrics`),
+    and which trackers get each trainer step (`report_to`, `rollwire.trackers`)."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
@@ -60,6 +63,18 @@ class TelemetrySettings(BaseModel):
     """OTLP/HTTP traces endpoint: a collector, or Jaeger v2 itself (the compose stack's, on 127.0.0.1:4318)."""
     service_name: str = "rollwire"
     """`service.name` resource attribute: the component, e.g. `trainer`."""
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    """OpenTelemetry metrics: consumer lag, rollouts, staleness, reload time, in-flight (`rollwire.metrics`)."""
+    report_to: list[TrackerName] = Field(default_factory=list)
+    """Trackers that get every trainer step's metrics: `tensorboard`, `mlflow`, `wandb`, `trackio`."""
+    tensorboard: TensorBoardSettings = Field(default_factory=TensorBoardSettings)
+    """For `report_to = ["tensorboard"]`."""
+    mlflow: MLflowSettings = Field(default_factory=MLflowSettings)
+    """For `report_to = ["mlflow"]`."""
+    wandb: WandbSettings = Field(default_factory=WandbSettings)
+    """For `report_to = ["wandb"]` (the `wandb` extra)."""
+    trackio: TrackioSettings = Field(default_factory=TrackioSettings)
+    """For `report_to = ["trackio"]` (the `trackio` extra)."""
 
 
 def tracer() -> trace.Tracer:

@@ -32,6 +32,7 @@ from pathlib import Path
 from rollwire.errors import RollwireError
 from rollwire.objectstore import ObjectNotFoundError, ObjectStore
 from rollwire.schemas.manifest import MANIFEST_NAME, FileEntry, Manifest, TensorEntry
+from rollwire.schemas.weights import WeightsPublished
 
 _CHUNK = 1 << 20
 _PARALLEL_FILES = 4
@@ -115,6 +116,28 @@ def publish(store: ObjectStore, local_dir: Path, prefix: str, *, policy: str, ve
     store.put_bytes(prefix + MANIFEST_NAME, data)  # Last: its presence means the version is complete.
     return Published(uri=store.uri(prefix), manifest_sha256=hashlib.sha256(data).hexdigest(),
                      size_bytes=sum(f.size_bytes for f in files), manifest=manifest)
+
+
+def version_prefix(policy: str, version: int) -> str:
+    """Where version `version` of `policy` lives in the object store."""
+    return f"{policy}/v{version:08d}"
+
+
+def stored_version(store: ObjectStore, policy: str, version: int) -> WeightsPublished:
+    """The event announcing a version already in the store, rebuilt from its manifest (the `weights`
+    topic keeps only the newest version per policy); `CheckpointMissingError` if it is not there."""
+    prefix = version_prefix(policy, version) + "/"
+    try:
+        data = store.get_bytes(prefix + MANIFEST_NAME)
+    except ObjectNotFoundError as exc:
+        raise CheckpointMissingError(f"version {version} of policy {policy!r} is not in the store (no "
+                                     f"{prefix}{MANIFEST_NAME}); `rollwire topics`/`tail weights` list those "
+                                     "published") from exc
+    manifest = Manifest.model_validate_json(data)
+    return WeightsPublished(policy=policy, version=version, step=manifest.step, uri=store.uri(prefix),
+                            format=manifest.format, manifest_sha256=hashlib.sha256(data).hexdigest(),
+                            base_model=manifest.base_model, size_bytes=sum(f.size_bytes for f in manifest.files),
+                            published_at_ms=manifest.created_at_ms)
 
 
 def fetch(store: ObjectStore, uri: str, manifest_sha256: str, dest: Path) -> Manifest:

@@ -31,7 +31,7 @@ from rollwire.schemas.scorer import ScorerGroupRollout, ScorerGroupState, Scorer
 from rollwire.schemas.serving import ResponseServed
 from rollwire.schemas.topics import CATALOG, Topics, TopicSpec
 from rollwire.schemas.training import RolloutsDropped, Staleness, TrainStepCompleted
-from rollwire.schemas.weights import ReplicaStatus, WeightsPublished
+from rollwire.schemas.weights import ReplicaStatus, ServingDecision, WeightsPublished
 
 __all__ = [
     "CATALOG", "DEFAULT_MAX_EVENT_BYTES", "EVENT_TYPES", "AnyEvent", "BlobPointer", "Codec",
@@ -39,7 +39,7 @@ __all__ = [
     "FeedbackJoinState", "FeedbackReceived", "InferenceCall", "InvalidEventError", "PartnerRecord", "ReplicaStatus",
     "ResponseServed", "RolloutCompleted", "RolloutError", "RolloutTimings", "RolloutsDropped",
     "ProductionOrigin", "SamplingParams", "SchemaError", "SchemaVersionTooNewError", "ScoredRollout",
-    "ScorerGroupRollout", "ScorerGroupState", "ScorerTick", "SourceBaseline", "Staleness",
+    "ScorerGroupRollout", "ScorerGroupState", "ScorerTick", "ServingDecision", "SourceBaseline", "Staleness",
     "TaskAssigned", "TopicSpec", "Topics", "TraceNode", "TraceRecorded", "TrainStepCompleted",
     "UnknownEventTypeError", "WeightVersionSpan", "WeightsPublished", "new_id", "now_ms",
 ]

@@ -14,12 +14,12 @@ from rollwire.schemas.rollout import RolloutCompleted, ScoredRollout, TaskAssign
 from rollwire.schemas.scorer import ScorerGroupRollout, ScorerGroupState, ScorerTick
 from rollwire.schemas.serving import ResponseServed
 from rollwire.schemas.training import RolloutsDropped, TrainStepCompleted
-from rollwire.schemas.weights import ReplicaStatus, WeightsPublished
+from rollwire.schemas.weights import ReplicaStatus, ServingDecision, WeightsPublished
 
 AnyEvent = Annotated[
     TaskAssigned | RolloutCompleted | TraceRecorded | ScoredRollout | WeightsPublished | ReplicaStatus
     | TrainStepCompleted | RolloutsDropped | FeedbackReceived | ResponseServed | DeadLetter | ScorerGroupState
-    | ScorerGroupRollout | ScorerTick | FeedbackJoinState | SourceBaseline | PartnerRecord,
+    | ScorerGroupRollout | ScorerTick | FeedbackJoinState | SourceBaseline | PartnerRecord | ServingDecision,
     Field(discriminator="type"),
 ]
 """Any rollwire event, discriminated on its `type` tag."""

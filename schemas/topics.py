@@ -21,7 +21,7 @@ from rollwire.schemas.rollout import RolloutCompleted, ScoredRollout, TaskAssign
 from rollwire.schemas.scorer import ScorerGroupRollout, ScorerGroupState, ScorerTick
 from rollwire.schemas.serving import ResponseServed
 from rollwire.schemas.training import RolloutsDropped, TrainStepCompleted
-from rollwire.schemas.weights import ReplicaStatus, WeightsPublished
+from rollwire.schemas.weights import ReplicaStatus, ServingDecision, WeightsPublished
 
 DAY_MS = 24 * 3600 * 1000
 
@@ -66,6 +66,8 @@ CATALOG: tuple[TopicSpec, ...] = (
               "trainer", "weight subscribers, dispatcher"),
     TopicSpec("fleet", (ReplicaStatus,), "replica id", 1, "delete", 7 * DAY_MS,
               "weight subscribers", "dispatcher, run display"),
+    TopicSpec("serving", (ServingDecision,), "policy name", 1, "delete", None,
+              "`rollwire promote`, `rollwire rollback`", "serving replicas, serving gateway"),
     TopicSpec("train", (TrainStepCompleted,), "policy name", 1, "delete", 30 * DAY_MS,
               "trainer", "dispatcher, run display, metrics"),
     TopicSpec("feedback", (FeedbackReceived,), "conversation id", 4, "delete", 30 * DAY_MS,

@@ -2,13 +2,14 @@
 
     trainer ──WeightsPublished──▶ weights (compacted, key: policy) ──▶ weight subscribers
     weight subscriber ──ReplicaStatus──▶ fleet ──▶ dispatcher, run display
+    rollwire promote / rollback ──ServingDecision──▶ serving ──▶ serving replicas, serving gateway
 """
 
 from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rollwire.schemas.base import Event, now_ms
 
@@ -71,3 +72,40 @@ class ReplicaStatus(Event):
     url: str | None = None
     """Where clients reach this replica's OpenAI-compatible API (env workers route to it); None for a
     replica not offered for routing. Replicas report `serving` again every few seconds as a heartbeat."""
+
+
+class ServingDecision(Event):
+    """Which versions production serves: a stable version, and optionally a canary taking a share of
+    requests. Training replicas follow every version on `weights`; serving replicas (`follow =
+    "serving"`) load what the latest decision gives their lane, older versions included (a rollback).
+
+    Produced by `rollwire promote` and `rollwire rollback` on `serving` (key: policy name; kept
+    forever, so the decisions are the serving history); consumed by serving replicas and the gateway.
+    """
+
+    type: Literal["serving.decision"] = "serving.decision"
+    policy: str = "policy"
+    """Policy the decision is about (the key)."""
+    stable: WeightsPublished
+    """The version that takes every request the canary does not."""
+    canary: WeightsPublished | None = None
+    """A newer version on trial; None: the stable version takes every request."""
+    canary_share: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Share of requests the serving gateway sends to the canary."""
+    reason: Literal["promote", "canary", "rollback"]
+    """What was decided: a version made stable, one put on trial, or an earlier one served again."""
+    decided_by: str = ""
+    """Who decided (the command's user, or an automated check)."""
+    note: str = ""
+    """Why, in words (`rollwire rollback 12 --note "v14 repeats itself"`)."""
+
+    @model_validator(mode="after")
+    def _canary_is_another_version(self) -> ServingDecision:
+        if self.canary is not None and self.canary.version == self.stable.version:
+            raise ValueError(f"the canary is the stable version ({self.stable.version}); give another version")
+        if self.canary is None and self.canary_share:
+            raise ValueError("canary_share is set without a canary version")
+        for version in (self.stable, self.canary):
+            if version is not None and version.policy != self.policy:
+                raise ValueError(f"version {version.version} is of policy {version.policy!r}, not {self.policy!r}")
+        return self

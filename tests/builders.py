@@ -22,6 +22,7 @@ from rollwire.schemas import (
     ScorerGroupRollout,
     ScorerGroupState,
     ScorerTick,
+    ServingDecision,
     SourceBaseline,
     Staleness,
     TaskAssigned,
@@ -81,6 +82,12 @@ def replica(**kw) -> ReplicaStatus:
                             "url": "http://127.0.0.1:8000",
                             "requested_version": 4, "bytes_downloaded": 1_700_000, "download_s": 0.1,
                             "swap_s": 0.05, **kw})
+
+
+def serving_decision(**kw) -> ServingDecision:
+    return ServingDecision(**{"stable": weights(version=3, step=3, uri="s3://rollwire/run/v000003/"),
+                              "canary": weights(), "canary_share": 0.1, "reason": "canary", "decided_by": "ops",
+                              "note": "v4 on trial", **kw})
 
 
 def train_step(**kw) -> TrainStepCompleted:
@@ -157,7 +164,7 @@ def preference_pair(**kw) -> ScoredRollout:
 ALL: dict[str, Event] = {e.type: e for e in (task(), rollout(), trace(), preference_pair(), weights(), replica(),
                                             train_step(), dropped(), feedback(), served(), dead_letter(),
                                             group_state(), group_rollout(), tick(), join_state(), source_baseline(),
-                                            partner_record())}
+                                            partner_record(), serving_decision())}
 """One valid example of every event type, by type tag."""
 
 

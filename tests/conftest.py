@@ -27,12 +27,17 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-def _broker_module():
-    spec = importlib.util.spec_from_file_location("rollwire_local_broker", REPO / "deploy/kafka/broker.py")
+def _deploy_module(name: str, path: str):
+    """A stdlib-only script under deploy/ (they are not a package), imported by path."""
+    spec = importlib.util.spec_from_file_location(name, REPO / path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def _broker_module():
+    return _deploy_module("rollwire_local_broker", "deploy/kafka/broker.py")
 
 
 @pytest.fixture(scope="session")
@@ -51,6 +56,25 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield info.bootstrap
     finally:
         broker.stop(info)
+
+
+@pytest.fixture(scope="session")
+def mlflow_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real MLflow tracking server for the session (`deploy/mlflow/server.py`: installed once into
+    `.cache/mlflow`, about 2 minutes the first time). With `MLFLOW_TEST_URL` set, that server is used."""
+    external = os.environ.get("MLFLOW_TEST_URL")
+    if external:
+        yield external
+        return
+    server = _deploy_module("rollwire_mlflow_server", "deploy/mlflow/server.py")
+    try:
+        info = server.start(tmp_path_factory.mktemp("mlflow-server"))
+    except server.ServerError as exc:
+        pytest.fail(f"could not start the MLflow server for the mlflow tests: {exc}", pytrace=False)
+    try:
+        yield info.url
+    finally:
+        server.stop(info)
 
 
 @pytest.fixture(params=["embedded", pytest.param("kafka", marks=pytest.mark.kafka)])
@@ -142,7 +166,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         for report in terminalreporter.stats.get(outcome, []):
             if report.when != "call" and outcome != "error" and outcome != "skipped":
                 continue
-            for marker in ("kafka", "vllm"):
+            for marker in ("kafka", "vllm", "mlflow"):
                 if marker in getattr(report, "keywords", {}):
                     counts.setdefault(marker, {}).setdefault(outcome, 0)
                     counts[marker][outcome] += 1

@@ -45,6 +45,10 @@ max_off_policy = 1
 
 [telemetry]
 exporter = "file"
+report_to = ["tensorboard"]
+[telemetry.metrics]
+exporter = "file"
+interval_s = 1
 """
 
 

@@ -30,7 +30,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from rollwire import telemetry
+from rollwire import metrics, telemetry
 from rollwire.bus import EventLog, EventProducer
 from rollwire.consumers.batch_consumer import Batch, BatchConsumer
 from rollwire.errors import ConfigError
@@ -40,12 +40,13 @@ from rollwire.schemas.rollout import ScoredRollout
 from rollwire.schemas.topics import Topics
 from rollwire.schemas.training import TrainStepCompleted
 from rollwire.schemas.weights import WeightsPublished
+from rollwire.trackers import Trackers, step_metrics
 from rollwire.trainer import checkpoint
 from rollwire.trainer.distributed import Shard
 from rollwire.trainer.model import resolve_device
 from rollwire.trainer.settings import TrainerSettings
 from rollwire.trainer.step import Objectives, StepResult, train_step
-from rollwire.weight_versions import Published, publish
+from rollwire.weight_versions import Published, publish, version_prefix
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ def publish_weights(store: ObjectStore, model, settings: TrainerSettings, *, pol
     lora = settings.model.lora is not None
     with tempfile.TemporaryDirectory() as folder:
         model.save_pretrained(folder, safe_serialization=True)
-        done = publish(store, Path(folder), f"{policy}/v{version:08d}", policy=policy, version=version, step=step,
+        done = publish(store, Path(folder), version_prefix(policy, version), policy=policy, version=version, step=step,
                        format="lora" if lora else "full", base_model=settings.model.path)
     event = WeightsPublished(policy=policy, version=version, step=step, uri=done.uri, format="lora" if lora else "full",
                              manifest_sha256=done.manifest_sha256, base_model=settings.model.path,
@@ -92,7 +93,7 @@ class Trainer:
     batch also goes to the other ranks (`follow`), which train their shares of it with this one."""
 
     def __init__(self, log: EventLog, topics: Topics, store: ObjectStore, settings: TrainerSettings, *,
-                 shard: Shard | None = None) -> None:
+                 shard: Shard | None = None, trackers: Trackers | None = None) -> None:
         if not settings.model.path:
             raise ConfigError("trainer.model.path is empty: give the starting weights (a directory or hub name; "
                               "`rollwire train --model DIR`)")
@@ -107,6 +108,14 @@ class Trainer:
                                       seen=self.state.seen, producer=self.producer, mix=settings.feedback)
         self._ready_since = time.monotonic()
         self.shard = shard
+        self.trackers = trackers
+        """Where each step's metrics are reported once its commit is sent (`rollwire.trackers`)."""
+        self._staleness = metrics.staleness_histogram()
+        self._step_duration = metrics.seconds_histogram("rollwire.trainer.step.duration",
+                                                        "seconds per trainer step, from batch to commit")
+        scored = topics.scored
+        metrics.observe_lag(lambda: {("trainer", scored): metrics.lag(
+            log.end_offsets(scored), {p: o for (t, p), o in dict(self.consumer.positions).items() if t == scored})})
         if shard is not None:
             shard.barrier()  # every rank has read `previous`: only now may a new commit point replace it
         if previous is not None:
@@ -130,7 +139,8 @@ class Trainer:
             if self.consumer.drops:
                 self._commit_drops()
             return None
-        waited = time.monotonic() - self._ready_since
+        started = time.monotonic()
+        waited = started - self._ready_since
         with telemetry.tracer().start_as_current_span(
                 "trainer step", links=telemetry.links_for(batch.headers),
                 attributes={"messaging.batch.message_count": len(batch.rollouts),
@@ -166,6 +176,10 @@ class Trainer:
             # Step 6
             self._send_outbox(saved)
         self._ready_since = time.monotonic()
+        self._step_duration.record(self._ready_since - started)
+        for scored in batch.rollouts:
+            if scored.production is None:
+                self._staleness.record(BatchConsumer.staleness_of(scored.rollout, self.state.version - 1))
         logger.info("step %d: loss %s, reward %.3f, %d rollouts, staleness max %d", event.step, event.loss,
                     event.reward_mean, len(batch.rollouts), batch.staleness.max)
         return event
@@ -201,8 +215,10 @@ class Trainer:
 
     def _send_outbox(self, saved: Path) -> None:
         for entry in self.state.outbox:
-            event_cls = EVENT_TYPES[entry["event"]["type"]]
-            self.producer.send(entry["topic"], event_cls.model_validate(entry["event"]), key=entry["key"])
+            event = EVENT_TYPES[entry["event"]["type"]].model_validate(entry["event"])
+            self.producer.send(entry["topic"], event, key=entry["key"])
+            if self.trackers is not None and isinstance(event, TrainStepCompleted):
+                self.trackers.report(step_metrics(event, int(time.time() * 1000)))
         self.producer.flush()
         checkpoint.mark_sent(saved)
 
@@ -212,6 +228,8 @@ class Trainer:
             self.shard = None
         self.consumer.close()
         self.producer.close()
+        if self.trackers is not None:
+            self.trackers.close()
 
 
 def follow(settings: TrainerSettings, shard: Shard) -> int:

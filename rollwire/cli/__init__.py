@@ -18,7 +18,7 @@ import argparse
 import logging
 import sys
 
-from rollwire.cli import evaluate, feedback, inspect, logs, producers, replay, run, services
+from rollwire.cli import evaluate, feedback, inspect, logs, producers, releases, replay, run, services
 
 DESCRIPTION = """\
 rollwire: asynchronous RL post-training for LLMs, as an event-sourced streaming system.
@@ -41,6 +41,7 @@ examples:
   rollwire serve --upstream http://127.0.0.1:8000   an OpenAI-compatible gateway whose responses carry receipts
   rollwire feedback serve --log-dir runs/demo/log --prefix demo   the feedback ingestion API on :8340
   rollwire join --log-dir runs/demo/log --prefix demo   feedback joined with served responses into samples
+  rollwire promote 15 --canary 0.1 / rollwire rollback 14   which versions production serves
 
 Run `rollwire COMMAND --help` for the options of each command.
 """
@@ -58,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in (run.add_run, logs.add_topics, logs.add_tail, producers.add_dispatch, producers.add_env_worker,
                 services.add_score, services.add_inference, services.add_train, evaluate.add_evaluate,
-                replay.add_replay, inspect.add_inspect, feedback.add_serve, feedback.add_feedback, feedback.add_join):
+                replay.add_replay, inspect.add_inspect, feedback.add_serve, feedback.add_feedback, feedback.add_join,
+                releases.add_promote, releases.add_rollback):
         add(sub)
     return parser
 

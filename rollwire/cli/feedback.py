@@ -38,12 +38,18 @@ def add_serve(sub) -> None:
                     "feedback on them can train without re-tokenizing anything.",
         epilog="examples:\n"
                "  rollwire serve --upstream http://127.0.0.1:8000 --log-dir runs/demo/log --prefix demo\n"
+               "  rollwire serve --fleet --bus kafka --prefix prod      # replicas with --follow serving, canaries\n"
                "  ROLLWIRE_SERVE_TOKENS=chat-app=$TOKEN rollwire serve --bus kafka --host 0.0.0.0 --record-fraction 0.1\n\n"
                "  from openai import OpenAI\n"
                "  client = OpenAI(base_url=\"http://127.0.0.1:8350/v1\", api_key=TOKEN)\n"
                "  reply = client.chat.completions.with_raw_response.create(model=\"policy\", messages=[...])\n"
                "  receipt = reply.headers[\"x-rollwire-response-id\"]   # post feedback on it later")
     serve.add_argument("--upstream", default="http://127.0.0.1:8000", help="the vLLM server (default %(default)s)")
+    serve.add_argument("--fleet", action="store_true",
+                       help="serve from every replica on the fleet topic instead of --upstream, by the serving "
+                            "decisions: `rollwire promote V --canary 0.1` sends 10%% of requests to V")
+    serve.add_argument("--policy", default="policy", help="policy whose serving decisions --fleet follows "
+                       "(default %(default)s)")
     serve.add_argument("--model", default="policy", help="the model name served (default %(default)s)")
     serve.add_argument("--host", default="127.0.0.1", help="address (default %(default)s; others need tokens)")
     serve.add_argument("--port", type=int, default=8350, help="port (default %(default)s; 0: any free one)")
@@ -61,7 +67,8 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 
     from rollwire.producers.gateway import GatewaySettings, serve
     try:
-        settings = GatewaySettings(upstream=args.upstream, model=args.model, host=args.host, port=args.port,
+        settings = GatewaySettings(upstream=args.upstream, fleet=args.fleet, policy=args.policy, model=args.model,
+                                   host=args.host, port=args.port,
                                    tokens_file=args.tokens, record_fraction=args.record_fraction,
                                    max_tokens=args.max_tokens)
     except ValidationError as exc:

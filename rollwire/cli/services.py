@@ -58,7 +58,7 @@ def add_inference(sub) -> None:
                        VllmServerSettings, SERVER_FLAGS)
     inference.add_argument("--replica-id", default=None, help="name in status events (default: 127.0.0.1:PORT)")
     add_settings_flags(inference.add_argument_group("weight subscriber"), WeightSubscriberSettings,
-                       ["policy", "cache_dir", "keep_versions"])
+                       ["policy", "cache_dir", "keep_versions", "follow", "lane"])
     inference.add_argument("--vllm-log", type=Path, default=None, help="file for the server's own output")
     add_store_options(inference)
     add_bus_options(inference)
@@ -133,7 +133,8 @@ def cmd_inference(args: argparse.Namespace) -> int:
     server = validated(VllmServerSettings, {"model": args.model, "log_path": args.vllm_log, **flags}, "inference",
                        "inference")
     subscriber = WeightSubscriberSettings(replica_id=args.replica_id or f"{server.host}:{server.port}",
-                                          **settings_flags(args, ["policy", "cache_dir", "keep_versions"]))
+                                          **settings_flags(args, ["policy", "cache_dir", "keep_versions", "follow",
+                                                                             "lane"]))
     topics = Topics(args.prefix)
     with open_log(bus_settings(args)) as log:
         log.create_topics(catalog_topics(topics))

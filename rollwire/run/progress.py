@@ -16,24 +16,13 @@ from pathlib import Path
 from rich.table import Table
 
 from rollwire.bus import Beginning, EventLog
+from rollwire.metrics import LagProbe
 from rollwire.schemas.envelope import Codec
 from rollwire.schemas.rollout import RolloutCompleted
 from rollwire.schemas.topics import Topics
 from rollwire.schemas.training import TrainStepCompleted
 from rollwire.schemas.weights import ReplicaStatus
-
-
-def metrics_row(event: TrainStepCompleted, produced_at_ms: int) -> dict:
-    """One line of the metrics file."""
-    staleness = event.staleness
-    return {"step": event.step, "policy_version": event.policy_version, "reward_mean": event.reward_mean,
-            "loss": event.loss, "rollouts": len(event.rollout_ids), "num_tokens": event.num_tokens,
-            "grad_norm": event.grad_norm, "staleness_max": staleness.max if staleness else None,
-            "staleness_mean": staleness.mean if staleness else None, "drops": event.drops,
-            **{f"reward/{k}": v for k, v in event.rewards_mean.items()},
-            **{f"metric/{k}": v for k, v in event.metrics_mean.items()},
-            **{f"loss/{k}": v for k, v in event.loss_metrics.items()},
-            "wait_s": event.wait_s, "time_ms": produced_at_ms, "skipped_reason": event.skipped_reason}
+from rollwire.trackers import step_metrics
 
 
 @dataclass
@@ -54,10 +43,17 @@ class RunProgress:
     last_error: str | None = None
     stall: str | None = None
     """Why the run stands still (`StallWatch`), shown while it does."""
+    lag_probe: LagProbe | None = None
+    """Reads the consumer groups' lag (every `lag_every_s`) for the display."""
+    lag_every_s: float = 5.0
+    lag: dict[tuple[str, str], int] = field(default_factory=dict)
+    reload_s: dict[str, float] = field(default_factory=dict)
+    """Seconds the last version load took (download and swap), by replica id."""
 
     def __post_init__(self) -> None:
         self._codec = Codec()
         self._reader = self.log.reader([self.topics.train, self.topics.fleet, self.topics.rollouts], Beginning())
+        self._lag_read_at = -self.lag_every_s
         if self.metrics_path is not None:
             self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
             self._out = open(self.metrics_path, "w")  # rebuilt from the log: a resumed run rewrites it whole
@@ -79,19 +75,32 @@ class RunProgress:
                 continue
             event = envelope.event
             if isinstance(event, TrainStepCompleted):
-                new.append(metrics_row(event, envelope.produced_at_ms))
+                new.append(step_metrics(event, envelope.produced_at_ms))
             elif isinstance(event, ReplicaStatus):
                 self.serving[event.replica_id] = event.serving_version
                 self.replica_state[event.replica_id] = event.state
+                if event.state == "serving" and event.requested_version is not None:
+                    self.reload_s[event.replica_id] = event.download_s + event.swap_s
             elif isinstance(event, RolloutCompleted):
                 self.rollouts += 1
                 self.errored += event.error is not None
         new.sort(key=lambda row: row["step"])
         self.rows += new
+        self._read_lag()
         if self.metrics_path is not None and new:
             self._out.writelines(json.dumps(row) + "\n" for row in new)
             self._out.flush()
         return new
+
+    def _read_lag(self) -> None:
+        if self.lag_probe is None or time.monotonic() - self._lag_read_at < self.lag_every_s:
+            return
+        self._lag_read_at = time.monotonic()
+        try:
+            self.lag = self.lag_probe.read()
+        except Exception as exc:  # a topic not there yet, the broker away: shown as unknown
+            self.lag = {}
+            self.last_error = f"consumer lag: {exc}"
 
     @property
     def step(self) -> int:
@@ -122,6 +131,8 @@ class RunProgress:
         if (rate := self.throughput()) is not None:
             parts.append(f"{rate:.0f} rollouts/s")
         parts.append("serving " + ", ".join(f"v{v or 0}" for v in self.serving.values()) if self.serving else "no replica yet")
+        if self.lag:
+            parts.append("lag " + ", ".join(f"{topic.rsplit('.', 1)[-1]} {n}" for (_, topic), n in self.lag.items()))
         if self.unreadable:
             parts.append(f"{self.unreadable} unreadable events (last: {self.last_error})")
         return " · ".join(parts)
@@ -145,13 +156,20 @@ class RunProgress:
             rate = self.throughput()
             table.add_row("throughput", f"{rate:.1f} rollouts/s trained" if rate else "…")
         table.add_row("rollouts", f"{self.rollouts} published · {self.errored} errored")
-        table.add_row("serving", ", ".join(f"{rid} v{v or 0} ({self.replica_state[rid]})"
+        table.add_row("serving", ", ".join(f"{rid} v{v or 0} ({self.replica_state[rid]}{self._reload(rid)})"
                                            for rid, v in self.serving.items()) or "starting")
+        if self.lag:
+            table.add_row("lag", " · ".join(f"{group} {n} on {topic.rsplit('.', 1)[-1]}"
+                                            for (group, topic), n in self.lag.items()) + " records")
         if self.unreadable:
             table.add_row("[red]unreadable", f"{self.unreadable} events, last: {self.last_error}")
         if self.stall:
             table.add_row("[red]stalled", self.stall)
         return table
+
+    def _reload(self, replica_id: str) -> str:
+        seconds = self.reload_s.get(replica_id)
+        return f", last load {seconds:.2f} s" if seconds is not None else ""
 
     def close(self) -> None:
         self._reader.close()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import tomllib
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -26,6 +26,7 @@ from rollwire.producers.env_worker import EnvWorkerSettings
 from rollwire.producers.feedback_api import FeedbackApiSettings
 from rollwire.producers.gateway import GatewaySettings
 from rollwire.producers.tasksets import check_taskset
+from rollwire.schemas.topics import Topics
 from rollwire.streams.feedback_join import FeedbackJoinSettings
 from rollwire.streams.scoring import ScorerSettings
 from rollwire.telemetry import TelemetrySettings
@@ -164,7 +165,8 @@ class RunRecipe(_Section):
     store: StoreSettings = Field(default_factory=LocalStoreSettings)
     """Weights: `type = "local"` (default root `<run_dir>/weights`) or `"s3"`."""
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
-    """Where spans go (`exporter = "otlp"`, `"console"`, `"file"` with `file_path`, or `"none"`)."""
+    """Where spans go (`exporter = "otlp"`, `"console"`, `"file"` with `file_path`, or `"none"`), where
+    metrics go (`[telemetry.metrics]`), and the trackers each trainer step goes to (`report_to`)."""
     feedback: FeedbackRecipe = Field(default_factory=FeedbackRecipe)
     """Production traffic and its feedback as training data (off by default)."""
 
@@ -234,17 +236,40 @@ class RunRecipe(_Section):
         settings = self.inference.model_dump(exclude={"replicas", "replica_ports", *own})
         return VllmServerSettings(**settings, **own)
 
+    def group_id(self, role: Literal["env-worker", "scorer", "joiner"]) -> str:
+        """The consumer group of a role (on Kafka the faust roles' app id, which is their group)."""
+        if role == "env-worker":
+            return self.env_workers.group_id
+        if self.bus.type == "kafka":
+            return f"{self.topic_prefix}-{role}"
+        return "scorer" if role == "scorer" else "feedback-joiner"
+
+    def consumer_groups(self) -> list[tuple[str, str]]:
+        """(group id, topic) of every consumer group of the run, for its lag (`rollwire.metrics.LagProbe`).
+        The trainer keeps its positions in its checkpoint, not in a group: it reports its own lag."""
+        topics = Topics(self.topic_prefix)
+        groups = [(self.group_id("env-worker"), topics.tasks), (self.group_id("scorer"), topics.rollouts)]
+        if self.feedback.enabled:
+            groups += [(self.group_id("joiner"), topics.served), (self.group_id("joiner"), topics.feedback)]
+        return groups
+
     def warm_start_environment(self) -> EnvironmentRecipe:
         name = self.warm_start.environment or self.environments[0].name
         return next(e for e in self.environments if e.name == name)
 
     def telemetry_for(self, component: str) -> TelemetrySettings:
-        """The run's telemetry settings, named for `component`; the `file` exporter defaults to
-        `<run_dir>/spans.jsonl` (every process appends to it)."""
+        """The run's telemetry settings, named for `component`. Files default to the run directory
+        (every process appends to the same ones): spans to `spans.jsonl`, metrics to
+        `metrics-otel.jsonl`, TensorBoard's events to `tensorboard/`."""
+        telemetry = self.telemetry
         update: dict[str, Any] = {"service_name": f"rollwire-{component}"}
-        if self.telemetry.exporter == "file" and self.telemetry.file_path is None:
+        if telemetry.exporter == "file" and telemetry.file_path is None:
             update["file_path"] = self.run_dir / "spans.jsonl"
-        return self.telemetry.model_copy(update=update)
+        if telemetry.metrics.exporter == "file" and telemetry.metrics.file_path is None:
+            update["metrics"] = telemetry.metrics.model_copy(update={"file_path": self.run_dir / "metrics-otel.jsonl"})
+        if telemetry.tensorboard.log_dir is None:
+            update["tensorboard"] = telemetry.tensorboard.model_copy(update={"log_dir": self.run_dir / "tensorboard"})
+        return telemetry.model_copy(update=update)
 
 
 def describe_errors(exc: ValidationError) -> str:

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from rollwire import telemetry
+from rollwire import metrics, telemetry
 from rollwire.bus import catalog_topics, open_log
 from rollwire.processes import configure_logging, stop_on_sigterm
 from rollwire.run.recipe import RunRecipe
@@ -47,12 +47,12 @@ def run_replica(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
 def run_scorer(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
     if recipe.bus.type == "kafka":
         from rollwire.streams.faust_app import FaustWorkerSettings, build_app, run_worker
-        settings = FaustWorkerSettings(app_id=f"{topics.prefix}-scorer", data_dir=recipe.run_dir / "faust")
+        settings = FaustWorkerSettings(app_id=recipe.group_id("scorer"), data_dir=recipe.run_dir / "faust")
         run_worker(build_app(settings, recipe.scorer, bus=recipe.bus, topics=topics), loglevel="warning")
         return
     from rollwire.streams.embedded_scorer import EmbeddedScorer
     from rollwire.streams.scoring import GroupScorer
-    scorer = EmbeddedScorer(log, topics, GroupScorer(recipe.scorer), group_id="scorer")
+    scorer = EmbeddedScorer(log, topics, GroupScorer(recipe.scorer), group_id=recipe.group_id("scorer"))
     try:
         scorer.run()
     finally:
@@ -61,6 +61,7 @@ def run_scorer(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
 
 def run_trainer(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
     from rollwire.objectstore import open_store
+    from rollwire.trackers import flat_params, open_trackers
     from rollwire.trainer.distributed import from_environment
     from rollwire.trainer.loop import Trainer, follow
     from rollwire.trainer.model import resolve_device
@@ -69,7 +70,10 @@ def run_trainer(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
         if shard is not None and not shard.leader:
             follow(recipe.trainer, shard)
             return
-        trainer = Trainer(log, topics, open_store(recipe.store), recipe.trainer, shard=shard)
+        params = flat_params({"trainer": recipe.trainer.model_dump(mode="json"),
+                              "environments": ",".join(e.name for e in recipe.environments), "steps": recipe.steps})
+        trackers = open_trackers(recipe.telemetry_for("trainer"), run_name=recipe.name, params=params)
+        trainer = Trainer(log, topics, open_store(recipe.store), recipe.trainer, shard=shard, trackers=trackers)
         try:
             trainer.run(max_steps=recipe.steps)
         finally:
@@ -103,10 +107,12 @@ def run_env_worker(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
 
 
 def run_dispatcher(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
+    from rollwire.metrics import LagProbe
     from rollwire.producers.dispatcher import Dispatcher
     from rollwire.producers.tasksets import load_taskset
     mix = [(e, load_taskset(e.name, **e.options)) for e in recipe.environments]
     dispatcher = Dispatcher(log, topics, mix, recipe.trainer.batch, recipe.dispatcher)
+    LagProbe(log, recipe.consumer_groups()).observe()  # one process reports every group's lag: this one
     try:
         while True:
             dispatcher.step(timeout_s=0.5)
@@ -129,12 +135,13 @@ def run_joiner(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
     if recipe.bus.type == "kafka":
         from rollwire.streams.faust_app import FaustWorkerSettings, run_worker
         from rollwire.streams.faust_joiner import build_app
-        settings = FaustWorkerSettings(app_id=f"{topics.prefix}-joiner", data_dir=recipe.run_dir / "faust")
+        settings = FaustWorkerSettings(app_id=recipe.group_id("joiner"), data_dir=recipe.run_dir / "faust")
         run_worker(build_app(settings, FeedbackJoiner.from_settings(recipe.feedback.join), bus=recipe.bus,
                              topics=topics), loglevel="warning")
         return
     from rollwire.streams.embedded_joiner import EmbeddedJoiner
-    joiner = EmbeddedJoiner(log, topics, FeedbackJoiner.from_settings(recipe.feedback.join))
+    joiner = EmbeddedJoiner(log, topics, FeedbackJoiner.from_settings(recipe.feedback.join),
+                            group_id=recipe.group_id("joiner"))
     try:
         joiner.run()
     finally:
@@ -160,7 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.role == "trainer":
         import torch
         torch.set_num_threads(recipe.trainer_threads)
-    provider = telemetry.configure(recipe.telemetry_for(args.role))
+    settings = recipe.telemetry_for(args.role)
+    provider = telemetry.configure(settings)
+    meters = metrics.configure(settings.metrics, settings.service_name)
     topics = Topics(recipe.topic_prefix)
     started = time.monotonic()
     try:
@@ -170,8 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         logging.getLogger(__name__).info("stopped after %.0f s", time.monotonic() - started)
     finally:
-        if provider is not None:
-            provider.shutdown()
+        for shut in (provider, meters):
+            if shut is not None:
+                shut.shutdown()
     return 0
 
 

@@ -32,6 +32,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from rollwire.bus import catalog_topics, open_log
 from rollwire.consumers.vllm_control import VllmControl
 from rollwire.consumers.vllm_server import free_port
+from rollwire.metrics import LagProbe
 from rollwire.run.progress import RunProgress, StallWatch, plot
 from rollwire.run.recipe import RunRecipe
 from rollwire.run.roles import base_url, torchrun
@@ -143,7 +144,7 @@ def run(recipe: RunRecipe, *, metrics_out: Path | None = None, console: Console 
     log.create_topics(catalog_topics(topics))
     launchers = {"trainer": torchrun(recipe.trainer.processes)} if recipe.trainer.processes > 1 else None
     supervisor = Supervisor(recipe_json, recipe.run_dir / "logs", launchers=launchers)
-    progress = RunProgress(log, topics, metrics_path)
+    progress = RunProgress(log, topics, metrics_path, lag_probe=LagProbe(log, recipe.consumer_groups()))
     interrupted = False
     try:
         # Step 3

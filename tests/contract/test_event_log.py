@@ -13,6 +13,7 @@ import pytest
 
 from rollwire.bus import AtOffsets, AtTime, Beginning, DeliveryError, EventLog, TopicError
 from rollwire.bus.partitioner import partition_for
+from rollwire.metrics import LagProbe
 
 CHILD = str(Path(__file__).resolve().parent.parent / "bus_child.py")
 
@@ -95,6 +96,22 @@ def test_a_new_consumer_resumes_from_committed_offsets(log, new_topic, group_id)
         rest = drain(second, 40 - len(committed_values), timeout_s=30)
         assert second.poll_batch(10, 1.0) == []
     assert {r.value for r in rest} == {r.value for r in records} - committed_values
+
+
+def test_consumer_lag_is_what_a_group_has_not_committed(log, new_topic, group_id):
+    topic = new_topic(partitions=2)
+    probe = LagProbe(log, [(group_id, topic)])
+    produce(log, topic, [(f"k{i % 4}".encode(), f"v{i}".encode()) for i in range(40)])
+    assert probe.read() == {(group_id, topic): 40}, "a group that committed nothing lags by everything"
+
+    with log.consumer([topic], group_id) as consumer:
+        records = drain(consumer, 40)
+        consumer.commit(records[:25])
+    lag_after = probe.read()[(group_id, topic)]
+    produce(log, topic, [(b"k0", b"later")])
+
+    assert lag_after == 15
+    assert probe.read() == {(group_id, topic): 16}, "a new record adds to the lag until it is committed"
 
 
 def test_replay_from_a_timestamp_or_offset_returns_only_later_records(log, new_topic):

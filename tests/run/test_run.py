@@ -143,6 +143,35 @@ def test_every_rollout_is_trained_at_most_once_across_the_interruption(interrupt
     assert len(trained) == 8 * 16 and len(set(trained)) == len(trained)
 
 
+def test_metrics_say_lag_staleness_reloads_and_in_flight_and_tensorboard_has_every_step(interrupted_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from rollwire.metrics import GROUP, TOPIC, read_points
+    run_dir = interrupted_run["run_dir"]
+    otel = run_dir / "metrics-otel.jsonl"
+    lag = read_points(otel, "rollwire.consumer.lag")
+    groups = {(p["attributes"][GROUP], p["attributes"][TOPIC]): p["service"] for p in lag}
+    assert groups == {("env-workers", "short.tasks"): "rollwire-dispatcher", ("scorer", "short.rollouts"):
+                      "rollwire-dispatcher", ("trainer", "short.scored"): "rollwire-trainer"}, groups
+    assert all(p["value"] >= 0 for p in lag) and any(p["value"] > 0 for p in lag)
+    # staleness: one observation per trained rollout, cumulative per process: the last export of the
+    # interrupted trainer and of the resumed one add up to every step's 16 rollouts
+    staleness = read_points(otel, "rollwire.rollout.staleness")
+    last = {p["instance"]: p for p in staleness}
+    assert len(last) == 2 and sum(p["count"] for p in last.values()) == 8 * 16, last
+    assert all(sum(p["counts"][3:]) == 0 for p in staleness), "max_off_policy is 1: nothing staler is trained"
+    reloads = read_points(otel, "rollwire.weights.reload.duration")
+    assert {p["attributes"]["rollwire.replica_id"] for p in reloads} == {"replica-0", "replica-1"}
+    assert all(p["sum"] > 0 for p in reloads if p["count"])
+    in_flight = read_points(otel, "rollwire.replica.in_flight")
+    assert {p["attributes"]["rollwire.replica_id"] for p in in_flight} == {"replica-0", "replica-1"}
+    rollouts = read_points(otel, "rollwire.rollouts")
+    assert {p["attributes"]["outcome"] for p in rollouts} >= {"completed"}
+    events = EventAccumulator(str(run_dir / "tensorboard")).Reload()
+    trained = {e.step for e in events.Scalars("train/reward_mean")}
+    assert trained == set(range(1, 9)), sorted(trained)
+
+
 def _spans(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "spans.jsonl").read_text().splitlines()]
 

@@ -135,8 +135,8 @@ def test_stale_bad_and_duplicate_rollouts_are_accounted_and_training_goes_on(wor
 
     assert third.drops == {"stale": 2} and third.rollout_ids == [f"r{300 + i}" for i in range(4)]
     assert set(third.loss_metrics) == {"clip_fraction", "ratio_mean"} and 0 <= third.loss_metrics["clip_fraction"] <= 1
-    from rollwire.run.progress import metrics_row
-    assert metrics_row(third, 0)["loss/ratio_mean"] == third.loss_metrics["ratio_mean"]
+    from rollwire.trackers import step_metrics
+    assert step_metrics(third, 0)["loss/ratio_mean"] == third.loss_metrics["ratio_mean"]
     assert third.staleness.max == 0
     drops = [e for e in events(log, topics.drops) if isinstance(e, RolloutsDropped)]
     assert [(d.reason, d.rollout_ids, d.stage) for d in drops] == [("stale", ["r200", "r201"], "trainer")]

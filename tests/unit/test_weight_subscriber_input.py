@@ -40,4 +40,4 @@ def test_garbage_on_the_weights_topic_is_dead_lettered_and_the_subscriber_goes_o
     assert [(letter.component, letter.stage) for letter in letters] == [
         ("replica/r0", "decode"), ("replica/r0", "decode"), ("replica/r0", "process")]
     assert all(isinstance(letter, DeadLetter) and letter.source_topic == topics.weights for letter in letters)
-    assert "replica.status event on the weights topic" in letters[2].error
+    assert "replica.status event on w.weights, where this replica expects weights.published" in letters[2].error

@@ -1,0 +1,78 @@
+"""`rollwire promote` and `rollwire rollback`: which weight versions production serves."""
+
+from __future__ import annotations
+
+import argparse
+
+from rollwire.cli.options import add_bus_options, add_store_options, bus_settings, store_settings
+
+FLOW = ("Serving replicas (`rollwire inference --follow serving [--lane canary]`) load what the decision\n"
+        "gives their lane, older versions included; `rollwire serve --fleet` sends each request to the\n"
+        "canary with its share, else to the stable version. Nothing restarts; the training loop's\n"
+        "replicas keep following every version. Each decision is an event on <prefix>.serving, kept\n"
+        "forever: `rollwire tail serving` shows the history.")
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("version", type=int, help="weight version (as published by the trainer)")
+    parser.add_argument("--policy", default="policy", help="policy (default %(default)s)")
+    parser.add_argument("--note", default="", help="why, in words; kept in the decision")
+    parser.add_argument("--by", default=None, help="who decides (default: this user)")
+    add_store_options(parser)
+    add_bus_options(parser)
+
+
+def add_promote(sub) -> None:
+    promote = sub.add_parser(
+        "promote", help="make a weight version serve production, or put it on trial as a canary",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Makes VERSION the stable version production serves, or with --canary SHARE sends that\n"
+                    "share of requests to it beside the stable version.\n\n" + FLOW,
+        epilog="examples:\n"
+               "  rollwire promote 14 --store-dir runs/demo/weights --log-dir runs/demo/log --prefix demo\n"
+               "  rollwire promote 15 --canary 0.1 --note \"reward +0.03 offline\"   # 10% of requests\n"
+               "  rollwire promote 15                                         # the canary did well")
+    _common(promote)
+    promote.add_argument("--canary", type=float, metavar="SHARE", help="share of requests for VERSION, in (0, 1); "
+                         "the stable version keeps the rest")
+    promote.set_defaults(run=cmd_promote)
+
+
+def add_rollback(sub) -> None:
+    rollback = sub.add_parser(
+        "rollback", help="serve an earlier verified weight version again, without restarting anything",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Makes VERSION the stable version again and withdraws any canary. VERSION must have been\n"
+                    "stable before (a verified version); --force serves one that never was.\n\n" + FLOW,
+        epilog="example:\n  rollwire rollback 14 --note \"v15 repeats itself\" --bus kafka --prefix prod --store s3")
+    _common(rollback)
+    rollback.add_argument("--force", action="store_true", help="roll back to a version that was never stable")
+    rollback.set_defaults(run=cmd_rollback)
+
+
+def cmd_promote(args: argparse.Namespace) -> int:
+    from rollwire.bus import catalog_topics, open_log
+    from rollwire.objectstore import open_store
+    from rollwire.producers.releases import describe, promote
+    from rollwire.schemas.topics import Topics
+    topics = Topics(args.prefix)
+    with open_log(bus_settings(args)) as log:
+        log.create_topics(catalog_topics(topics))
+        decision = promote(log, topics, open_store(store_settings(args)), policy=args.policy, version=args.version,
+                           canary_share=args.canary, decided_by=args.by, note=args.note)
+    print(describe(decision))
+    return 0
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    from rollwire.bus import catalog_topics, open_log
+    from rollwire.objectstore import open_store
+    from rollwire.producers.releases import describe, rollback
+    from rollwire.schemas.topics import Topics
+    topics = Topics(args.prefix)
+    with open_log(bus_settings(args)) as log:
+        log.create_topics(catalog_topics(topics))
+        decision = rollback(log, topics, open_store(store_settings(args)), policy=args.policy, version=args.version,
+                            decided_by=args.by, note=args.note, force=args.force)
+    print(describe(decision))
+    return 0
