@@ -9,7 +9,7 @@ VENV ?= .venv
 # (the scorer role installs `streams`, the trainer and replicas the others), and faust's tests pass
 # with the newer click, so the test environment installs the streaming role first and lets the
 # model roles upgrade click. A GPU machine swaps inference-cpu for inference.
-EXTRAS ?= dev,kafka,streams,objectstore,serve
+EXTRAS ?= dev,kafka,streams,objectstore,serve,otlp
 MODEL_EXTRAS ?= trainer,lora,inference-cpu,datasets,tensorboard,mlflow
 PYTEST_ARGS ?=
 RUN_ARGS ?=

@@ -62,3 +62,49 @@ def test_file_exporter_settings_need_a_path():
     from rollwire.errors import ConfigError
     with pytest.raises(ConfigError, match="file_path"):
         metrics.configure(MetricsSettings(exporter="file"), "test")
+
+
+def test_otlp_export_reaches_an_otlp_http_receiver_as_protobuf(monkeypatch):
+    """The `otlp` exporter's wiring: an OTLP/HTTP receiver (here a minimal one decoding the protobuf
+    request, as a collector does) gets every instrument, with the service and its instance."""
+    import http.server
+    import threading
+
+    from opentelemetry import metrics as otel_metrics
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    received: list = []
+
+    class Receiver(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            request = ExportMetricsServiceRequest()
+            request.ParseFromString(self.rfile.read(int(self.headers["Content-Length"])))
+            received.append((self.path, request))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(otel_metrics, "set_meter_provider", lambda provider: None)  # not this process's global
+    provider = metrics.configure(MetricsSettings(exporter="otlp", interval_s=60,
+                                                 otlp_endpoint=f"http://127.0.0.1:{server.server_port}/v1/metrics"),
+                                 "rollwire-test")
+    monkeypatch.setattr(metrics, "meter", lambda: provider.get_meter("rollwire"))
+    metrics.staleness_histogram().record(1)
+    metrics.observe_lag(lambda: {("env-workers", "p.tasks"): 7})
+    assert provider.force_flush()
+    provider.shutdown()
+    server.shutdown()
+
+    (path, request), *_ = received
+    assert path == "/v1/metrics"
+    resource = {a.key: a.value.string_value for a in request.resource_metrics[0].resource.attributes}
+    assert resource["service.name"] == "rollwire-test" and resource["service.instance.id"]
+    found = {m.name: m for scope in request.resource_metrics[0].scope_metrics for m in scope.metrics}
+    assert found["rollwire.rollout.staleness"].histogram.data_points[0].count == 1
+    (lag,) = found["rollwire.consumer.lag"].gauge.data_points
+    assert lag.as_int == 7 and {a.key: a.value.string_value for a in lag.attributes} == {
+        metrics.GROUP: "env-workers", metrics.TOPIC: "p.tasks"}
