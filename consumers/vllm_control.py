@@ -3,7 +3,9 @@
 The hot-reload sequence it offers (`swap_full_weights`), as measured on these machines:
 
     # Step 1  POST /pause?mode=keep           in-flight requests freeze, none are dropped
-    # Step 2  POST /collective_rpc            reload_weights(weights_path=DIR): layer-wise, in place
+    # Step 2  POST /collective_rpc            rollwire_reload_weights(weights_path=DIR): vLLM's layer-wise
+    #                                         in-place reload, then a tied output layer tied again
+    #                                         (`rollwire.consumers.vllm_worker`, loaded into the workers)
     # Step 3  POST /update_weight_version     the label later tokens report in `weight_versions`
     # Step 4  POST /reset_prefix_cache?reset_running_requests=true
     #                                         cached KV was computed with the old weights
@@ -22,6 +24,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from rollwire.consumers.vllm_worker import EXTENSION
 from rollwire.errors import RollwireError
 from rollwire.http import HttpError, JsonClient
 
@@ -70,8 +73,15 @@ class VllmControl:
         started = time.perf_counter()
         try:
             # Step 2
-            self._request("POST", "/collective_rpc", {"method": "reload_weights",
-                                                      "kwargs": {"weights_path": weights_dir}})
+            try:
+                self._request("POST", "/collective_rpc", {"method": "rollwire_reload_weights",
+                                                          "kwargs": {"weights_path": weights_dir}})
+            except VllmError as exc:
+                if "rollwire_reload_weights" in str(exc):
+                    raise VllmError(f"the server at {self.base_url} was started without rollwire's worker extension "
+                                    f"(vllm serve ... --worker-extension-cls {EXTENSION}; `rollwire inference` "
+                                    f"adds it): {exc}") from exc
+                raise
             # Step 3
             self._request("POST", "/update_weight_version", {"new_version": version_label})
             # Step 4

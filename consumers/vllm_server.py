@@ -21,6 +21,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rollwire.consumers.vllm_control import VllmControl
+from rollwire.consumers.vllm_worker import EXTENSION
 from rollwire.errors import RollwireError
 from rollwire.processes import die_with_parent
 
@@ -103,7 +104,8 @@ class VllmServer:
         s = self.settings
         args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", s.model,
                 "--served-model-name", s.served_model_name, "--host", s.host, "--port", str(self.port),
-                "--dtype", s.dtype, "--max-model-len", str(s.max_model_len), "--enable-scale-out"]
+                "--dtype", s.dtype, "--max-model-len", str(s.max_model_len), "--enable-scale-out",
+                "--worker-extension-cls", EXTENSION]  # the reload that keeps tied output layers tied
         if s.enforce_eager:
             args.append("--enforce-eager")
         if not s.access_log:

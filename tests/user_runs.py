@@ -18,6 +18,7 @@ steps = {steps}
 
 [model.tiny]
 seed = 1
+{tiny}
 
 [warm_start]
 steps = 40
@@ -52,13 +53,36 @@ interval_s = 1
 """
 
 
-def short_recipe(name: str, steps: int, *, replicas: int = 1, env_workers: int = 1, trainer_processes: int = 1) -> str:
-    """The short recipe's text: `replicas` inference replicas, `env_workers`, trainer ranks."""
+TIED_QWEN2 = 'architecture = "qwen2"\ntokenizer = "bpe"\ntie_embeddings = true'
+"""`[model.tiny]` lines for the shape of Qwen2.5: BPE tokenizer, tied output layer."""
+
+
+def short_recipe(name: str, steps: int, *, replicas: int = 1, env_workers: int = 1, trainer_processes: int = 1,
+                 tiny: str = "") -> str:
+    """The short recipe's text: `replicas` inference replicas, `env_workers`, trainer ranks, and
+    more `[model.tiny]` lines."""
     return SHORT.format(name=name, steps=steps, replicas=replicas, env_workers=env_workers,
-                        trainer_processes=trainer_processes)
+                        trainer_processes=trainer_processes, tiny=tiny)
 
 
-def recipe_file(folder: Path, name: str, steps: int, **shape: int) -> Path:
+def served_logprob_gaps(log, rollouts_topic: str, weights_root: Path) -> dict[int, float]:
+    """For one rollout sampled wholly on each published version (1 and up): the largest gap between
+    the logprobs the replica served and those of that version's weights in the store, by version."""
+    from reference import transformers_logprobs
+
+    from rollwire.bus import HeldDeadLetters, read_to_end
+    first: dict[int, object] = {}
+    for delivery in read_to_end(log, [rollouts_topic], HeldDeadLetters()):
+        rollout = delivery.event
+        spans = rollout.weight_versions
+        if rollout.error is None and len(spans) == 1 and spans[0].version >= 1:
+            first.setdefault(spans[0].version, rollout)
+    return {version: max(abs(a - b) for a, b in zip(rollout.completion_logprobs, transformers_logprobs(
+                weights_root / "policy" / f"v{version:08d}", rollout.prompt_token_ids, rollout.completion_token_ids)))
+            for version, rollout in sorted(first.items())}
+
+
+def recipe_file(folder: Path, name: str, steps: int, **shape) -> Path:
     path = folder / f"{name}.toml"
     path.write_text(short_recipe(name, steps, **shape))
     return path

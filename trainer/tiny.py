@@ -2,6 +2,8 @@
 
     tokenizer = build_char_tokenizer()            # one token per character, ChatML template
     build_tiny_model(path, tokenizer, seed=1)     # a transformers Llama, saved with safetensors
+    build_tiny_model(path, build_bpe_tokenizer(), architecture="qwen2", tie_embeddings=True)
+                                                  # the shape of Qwen2.5: BPE, tied output layer
 
 The same directory loads in transformers, in the trainer and in vLLM. Several seeds give several
 weight versions of one architecture (reload tests); a large `initializer_range` makes a random
@@ -38,21 +40,55 @@ def build_char_tokenizer(alphabet: str = ALPHABET):
     return tokenizer
 
 
+def build_bpe_tokenizer(vocab_size: int = 400, corpus: list[str] | None = None):
+    """A byte-level BPE tokenizer (as Qwen's and Llama-3's are) trained here on a small generated
+    corpus, with the same special tokens and ChatML template as `build_char_tokenizer`."""
+    import random
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    rng = random.Random(0)
+    words = ["reverse", "the", "digits", "answer", "sum", "of", "and", "tool", "call", "result", "user", "assistant"]
+    corpus = corpus or [" ".join(rng.choice(words) for _ in range(8)) + f" {rng.randrange(10**6)}:" for _ in range(2000)]
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    core.train_from_iterator(corpus, trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<|pad|>", bos_token="<|bos|>",
+                                        eos_token="<|eos|>", padding_side="left")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+ARCHITECTURES = ("llama", "qwen2", "qwen3")
+
+
 def build_tiny_model(path: str | Path, tokenizer, *, seed: int = 0, hidden: int = 128, layers: int = 2,
                      heads: int = 4, kv_heads: int = 2, intermediate: int = 256, initializer_range: float = 0.02,
-                     tie_embeddings: bool = False, max_positions: int = 2048) -> Path:
-    """Saves a randomly initialised Llama and `tokenizer` to `path` (fp32 safetensors)."""
+                     tie_embeddings: bool = False, max_positions: int = 2048, architecture: str = "llama") -> Path:
+    """Saves a randomly initialised model of `architecture` (Llama; Qwen2, with biased q/k/v
+    projections; Qwen3, with q/k norms) and `tokenizer` to `path` (fp32 safetensors)."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    import transformers
 
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=intermediate,
-                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-                         max_position_embeddings=max_positions, initializer_range=initializer_range,
-                         tie_word_embeddings=tie_embeddings, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                         dtype="float32")
+    if architecture not in ARCHITECTURES:
+        raise ValueError(f"architecture {architecture!r}: pick one of {', '.join(ARCHITECTURES)}")
+    config_class, model_class = {"llama": ("LlamaConfig", "LlamaForCausalLM"),
+                                 "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+                                 "qwen3": ("Qwen3Config", "Qwen3ForCausalLM")}[architecture]
+    config = getattr(transformers, config_class)(
+        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=intermediate,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+        max_position_embeddings=max_positions, initializer_range=initializer_range,
+        tie_word_embeddings=tie_embeddings, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, dtype="float32")
+    if architecture == "qwen3":
+        config.head_dim = hidden // heads
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
+    model = getattr(transformers, model_class)(config)
     path = Path(path)
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)

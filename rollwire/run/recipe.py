@@ -41,8 +41,14 @@ class _Section(BaseModel):
 
 
 class TinyModelSettings(_Section):
-    """A tiny Llama and a character tokenizer built locally (`rollwire.trainer.tiny`)."""
+    """A tiny model and its tokenizer built locally (`rollwire.trainer.tiny`): a Llama with a
+    character tokenizer by default; `architecture = "qwen2"`, `tokenizer = "bpe"`, `tie_embeddings =
+    true` give the shape of Qwen2.5."""
 
+    architecture: Literal["llama", "qwen2", "qwen3"] = "llama"
+    """Model family (transformers' Llama, Qwen2 or Qwen3 classes, randomly initialised)."""
+    tokenizer: Literal["char", "bpe"] = "char"
+    """`char`: one token per character; `bpe`: byte-level BPE trained here on a small corpus."""
     hidden: int = Field(default=128, ge=8)
     """Hidden size."""
     layers: int = Field(default=2, ge=1)
@@ -54,8 +60,8 @@ class TinyModelSettings(_Section):
     intermediate: int = Field(default=256, ge=8)
     """MLP width."""
     tie_embeddings: bool = False
-    """Must stay false for full-weight training: vLLM's hot reload leaves a tied output layer stale
-    (`rollwire.consumers.weight_subscriber.TIED_RELOAD`)."""
+    """Tie the output layer to the input embeddings, as Qwen2.5/3 and Llama-3.2 do (replicas reload
+    such models with `rollwire.consumers.vllm_worker`, which keeps the tie)."""
     seed: int = 0
     """Seed of the random initial weights."""
 
@@ -189,7 +195,6 @@ class RunRecipe(_Section):
         self.inference = self.inference.model_copy(update=inference)
         if not self.feedback.join.tokenizer:
             self.feedback.join = self.feedback.join.model_copy(update={"tokenizer": self.base_model})
-        self._check_tied_embeddings()
         names = [e.name for e in self.environments]
         if self.warm_start.steps and self.warm_start.environment not in (None, *names):
             raise ValueError(f"warm_start.environment = {self.warm_start.environment!r} is not one of the "
@@ -198,18 +203,6 @@ class RunRecipe(_Section):
             raise ValueError("trainer.batch.batch_rollouts must be set in a run: the dispatcher paces work in "
                              "rollouts (batch_tokens may still cap a step)")
         return self
-
-    def _check_tied_embeddings(self) -> None:
-        if self.trainer.model.lora is not None:
-            return
-        if self.model.path is None and self.model.tiny.tie_embeddings:
-            raise ValueError("model.tiny.tie_embeddings = true cannot be trained with full-weight versions: vLLM's "
-                             "hot reload leaves a tied output layer on the old weights; set it to false")
-        from rollwire.consumers.weight_subscriber import ties_embeddings
-        if self.model.path is not None and ties_embeddings(Path(self.model.path)):
-            raise ValueError(f"model.path = {self.model.path!r} ties its embeddings (tie_word_embeddings): its full "
-                             "weight versions cannot be hot-reloaded by vLLM; untie it, or train LoRA adapters "
-                             "([trainer.model.lora])")
 
     # -- what each component gets -------------------------------------------------------------
 

@@ -79,15 +79,16 @@ def prepare_model(recipe: RunRecipe, console: Console) -> None:
     import torch
 
     from rollwire.producers.tasksets import load_taskset
-    from rollwire.trainer.tiny import build_char_tokenizer, build_tiny_model
+    from rollwire.trainer.tiny import build_bpe_tokenizer, build_char_tokenizer, build_tiny_model
     from rollwire.trainer.warmstart import warm_start
     torch.set_num_threads(2)
     building = base.with_name(base.name + ".partial")
     shutil.rmtree(building, ignore_errors=True)
     tiny = recipe.model.tiny
-    build_tiny_model(building, build_char_tokenizer(), seed=tiny.seed, hidden=tiny.hidden, layers=tiny.layers,
-                     heads=tiny.heads, kv_heads=tiny.kv_heads, intermediate=tiny.intermediate,
-                     tie_embeddings=tiny.tie_embeddings)
+    tokenizer = build_bpe_tokenizer() if tiny.tokenizer == "bpe" else build_char_tokenizer()
+    build_tiny_model(building, tokenizer, seed=tiny.seed, hidden=tiny.hidden, layers=tiny.layers, heads=tiny.heads,
+                     kv_heads=tiny.kv_heads, intermediate=tiny.intermediate, tie_embeddings=tiny.tie_embeddings,
+                     architecture=tiny.architecture)
     settings = recipe.warm_start
     if settings.steps:
         environment = recipe.warm_start_environment()

@@ -223,23 +223,33 @@ def test_lora_versions_load_under_new_adapter_names(fleet, tiny_models, version_
         fleet.server.control.generate(PROMPT, max_tokens=2, model=subscriber.lora_name(version_base + 2))
 
 
-def test_tied_embeddings_cannot_be_hot_reloaded_so_the_subscriber_refuses_them(tmp_path, tiny_models):
-    """vLLM's in-place reload of a model with tied embeddings updates the embeddings and leaves the
-    tied output layer on the old weights. This test pins that down (if it starts failing on the
-    first assertion, vLLM fixed it: lift the refusal in `weight_subscriber`), and checks that the
-    subscriber refuses such versions before touching the engine."""
+def test_a_tied_embedding_model_reloads_full_weight_and_serves_each_new_version(tmp_path, tiny_models):
+    """A tiny Qwen2 with a BPE tokenizer and tied embeddings (the shape of Qwen2.5). vLLM's own
+    in-place reload updates the embeddings and leaves the tied output layer on the old weights:
+    pinned first (if this starts failing, vLLM fixed it, and `rollwire.consumers.vllm_worker` can
+    go). rollwire's reload ties the layer again: over several published versions the served
+    logprobs are those of each version's weights."""
     from transformers import AutoModelForCausalLM
 
     from rollwire.consumers.vllm_server import VllmServer, VllmServerSettings
     from rollwire.objectstore import LocalStore
-    from rollwire.trainer.tiny import build_tiny_model
-    old = build_tiny_model(tmp_path / "tied-a", tiny_models.tokenizer, seed=1, tie_embeddings=True, initializer_range=0.5)
-    new = build_tiny_model(tmp_path / "tied-b", tiny_models.tokenizer, seed=2, tie_embeddings=True, initializer_range=0.5)
+    from rollwire.trainer.tiny import build_bpe_tokenizer, build_tiny_model
+    tokenizer = build_bpe_tokenizer()
+
+    def tied(name: str, seed: int):
+        return build_tiny_model(tmp_path / name, tokenizer, seed=seed, tie_embeddings=True, initializer_range=0.5,
+                                architecture="qwen2")
+
+    old, new = tied("tied-a", 1), tied("tied-b", 2)
     server = VllmServer(VllmServerSettings(model=str(old), dtype="float32", max_model_len=256,
                                            log_path=tmp_path / "vllm.log"))
     server.start()
     try:
-        server.control.swap_full_weights(str(new), "1")
+        control = server.control
+        control.pause("keep")
+        control._request("POST", "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(new)}})
+        control._reset_prefix_cache()
+        control.resume()
         ids, served, _ = served_logprobs(server)
         stale_head = AutoModelForCausalLM.from_pretrained(new, tie_word_embeddings=False)
         stale_head.lm_head.weight.data = AutoModelForCausalLM.from_pretrained(old).model.embed_tokens.weight.data.clone()
@@ -249,12 +259,16 @@ def test_tied_embeddings_cannot_be_hot_reloaded_so_the_subscriber_refuses_them(t
         assert max(abs(a - b) for a, b in zip(served, transformers_logprobs(new, PROMPT, ids))) > 0.5
 
         fleet = Fleet(tmp_path, LocalStore(tmp_path / "store"), server, tiny_models)
-        subscriber = WeightSubscriber(fleet.log, fleet.topics, fleet.store, server.control,
+        subscriber = WeightSubscriber(fleet.log, fleet.topics, fleet.store, control,
                                       WeightSubscriberSettings(replica_id="tied", cache_dir=tmp_path / "cache"),
                                       base_model_dir=old)
-        status = subscriber.apply(fleet.publish(2, old))
-        assert status.state == "failed" and "tie_word_embeddings" in status.reason
-        assert served_logprobs(server)[1] == pytest.approx(served, abs=1e-6)  # the engine was not touched
+        for version, seed in ((1, 3), (2, 4), (3, 5)):
+            weights = tied(f"tied-v{version}", seed)
+            status = subscriber.apply(fleet.publish(version, weights))
+            assert (status.state, status.serving_version) == ("serving", version), status.reason
+            ids, served, versions = served_logprobs(server)
+            assert versions == [{"version": str(version), "start": 0, "end": len(ids)}]
+            assert served == pytest.approx(transformers_logprobs(weights, PROMPT, ids), abs=1e-3)
         subscriber.close()
     finally:
         server.stop()

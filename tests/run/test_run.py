@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from user_runs import finish, metrics_rows, recipe_file, start_run
+from user_runs import TIED_QWEN2, finish, metrics_rows, recipe_file, served_logprob_gaps, start_run
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1800)]  # whole runs, each its own vLLM
 
@@ -225,14 +225,14 @@ run; `scorer-state` is read when the scorer starts)."""
 
 
 @pytest.mark.kafka
-def test_the_same_recipe_runs_on_kafka_and_shrugs_off_garbage_on_every_topic(tmp_path, kafka_bootstrap):
+def test_the_same_recipe_runs_on_kafka_trains_a_tied_model_and_shrugs_off_garbage_on_every_topic(tmp_path, kafka_bootstrap):
     from rollwire.bus import Beginning, KafkaBusSettings, open_log
     from rollwire.schemas import Codec
     name = f"kafkarun{int(time.time() * 1000) % 10**8}"
     metrics = tmp_path / name / "metrics.jsonl"
     # Steps after the garbage lands: the trainer holds at most max_off_policy + 1 batches ahead, so
     # later steps must read past it on every partition of `scored`.
-    recipe = recipe_file(tmp_path, name, steps=8)
+    recipe = recipe_file(tmp_path, name, steps=8, tiny=TIED_QWEN2)  # a tied Qwen2 trains full weight here
     done = start_run(str(recipe), "--run-dir", str(tmp_path / name), "--bus", "kafka", "--bootstrap", kafka_bootstrap)
     with open_log(KafkaBusSettings(bootstrap_servers=kafka_bootstrap)) as log:
         _wait_for_steps(done, metrics, 1)
@@ -258,6 +258,10 @@ def test_the_same_recipe_runs_on_kafka_and_shrugs_off_garbage_on_every_topic(tmp
     letters = [e for e in events if e.type == "dead_letter"]
     assert {e.source_topic for e in letters if e.raw == b"\xc1 not an event"} == {f"{name}.{t}" for t in GARBAGE_ON}
     assert _processes_of(tmp_path / name) == []
+    # the tied model's replica served each version's own weights (the reload kept the output layer tied)
+    with open_log(KafkaBusSettings(bootstrap_servers=kafka_bootstrap)) as log:
+        gaps = served_logprob_gaps(log, f"{name}.rollouts", tmp_path / name / "weights")
+    assert len(gaps) >= 4 and max(gaps.values()) < 1e-3, gaps
 
 
 def test_demo_learns(tmp_path, capsys):

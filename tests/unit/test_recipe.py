@@ -137,18 +137,11 @@ def test_parsing_a_recipe_and_the_light_roles_import_no_torch():
     assert done.stdout.strip() == "[]"
 
 
-def test_a_tied_embedding_model_is_refused_for_full_weight_training(tmp_path):
-    (tmp_path / "tied").mkdir()
-    (tmp_path / "tied" / "config.json").write_text('{"tie_word_embeddings": true}')
+def test_a_tied_embedding_model_trains_full_weight(tmp_path):
     recipe = tmp_path / "r.toml"
-    recipe.write_text(f"[model]\npath = '{tmp_path / 'tied'}'\n[[environments]]\nname = 'reverse-digits'\n")
-    with pytest.raises(ConfigError, match="tie_word_embeddings"):
-        load_recipe(recipe)
-    recipe.write_text(recipe.read_text() + "[trainer.model.lora]\nrank = 4\n")
-    assert load_recipe(recipe).trainer.model.lora.rank == 4
     recipe.write_text("[model.tiny]\ntie_embeddings = true\n[[environments]]\nname = 'reverse-digits'\n")
-    with pytest.raises(ConfigError, match="tie_embeddings = true"):
-        load_recipe(recipe)
+    loaded = load_recipe(recipe)
+    assert loaded.model.tiny.tie_embeddings and loaded.trainer.model.lora is None
 
 
 def test_progress_rebuilds_metrics_from_the_log_and_draws_the_curve(tmp_path):

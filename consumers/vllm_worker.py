@@ -1,0 +1,51 @@
+"""Runs inside vLLM's workers (`--worker-extension-cls`): a full-weight reload that keeps a tied
+output layer tied.
+
+vLLM's layer-wise reload (`collective_rpc reload_weights`) gives each reloaded layer new parameter
+tensors. A model with tied embeddings (`tie_word_embeddings`: Qwen2.5/3, Llama-3.2, Gemma) shares
+one tensor between the input embeddings and the output layer; the reload replaces the embeddings'
+tensor and leaves the output layer on the old one (on a CPU also its packed GEMM copy), so the
+server would sample from new body + old head. `rollwire_reload_weights` reloads, then ties the
+output layer to the new embeddings again and lets the layer rebuild what it derives from its
+weight (`process_weights_after_loading`: the CPU GEMM packing). Models without a tie reload as
+vLLM does. Nothing here is imported by rollwire itself; vLLM imports it by name in each worker.
+"""
+
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger(__name__)
+
+EXTENSION = "rollwire.consumers.vllm_worker.TiedReload"
+"""What `--worker-extension-cls` names."""
+
+
+class TiedReload:
+    """Mixed into vLLM's worker class: `self` is the worker."""
+
+    def rollwire_reload_weights(self, weights_path: str) -> dict:
+        self.reload_weights(weights_path=weights_path)  # type: ignore[attr-defined]
+        model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        retied = retie_output_layer(model)
+        return {"retied": retied}
+
+
+def retie_output_layer(model) -> bool:
+    """Ties the model's one output layer to its one input embedding again, if its config ties them;
+    False when there is nothing to tie."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    if not getattr(config, "tie_word_embeddings", False):
+        return False
+    heads = [(name, m) for name, m in model.named_modules() if isinstance(m, ParallelLMHead)]
+    embeddings = [m for m in model.modules() if isinstance(m, VocabParallelEmbedding)
+                  and not isinstance(m, ParallelLMHead)]
+    if len(heads) != 1 or len(embeddings) != 1:
+        raise RuntimeError(f"cannot re-tie: {len(heads)} output layers and {len(embeddings)} input embeddings")
+    (_, head), embedding = heads[0], embeddings[0]
+    head.weight = embedding.weight
+    head.quant_method.process_weights_after_loading(head)
+    return True
