@@ -55,6 +55,8 @@ interval_s = 1
 
 TIED_QWEN2 = 'architecture = "qwen2"\ntokenizer = "bpe"\ntie_embeddings = true'
 """`[model.tiny]` lines for the shape of Qwen2.5: BPE tokenizer, tied output layer."""
+TIED_QWEN3 = 'architecture = "qwen3"\ntokenizer = "bpe"\ntie_embeddings = true'
+"""The shape of Qwen3's small models: q/k norms, BPE tokenizer, tied output layer."""
 
 
 def short_recipe(name: str, steps: int, *, replicas: int = 1, env_workers: int = 1, trainer_processes: int = 1,

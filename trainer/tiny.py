@@ -63,14 +63,15 @@ def build_bpe_tokenizer(vocab_size: int = 400, corpus: list[str] | None = None):
     return tokenizer
 
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3_moe")
 
 
 def build_tiny_model(path: str | Path, tokenizer, *, seed: int = 0, hidden: int = 128, layers: int = 2,
                      heads: int = 4, kv_heads: int = 2, intermediate: int = 256, initializer_range: float = 0.02,
                      tie_embeddings: bool = False, max_positions: int = 2048, architecture: str = "llama") -> Path:
     """Saves a randomly initialised model of `architecture` (Llama; Qwen2, with biased q/k/v
-    projections; Qwen3, with q/k norms) and `tokenizer` to `path` (fp32 safetensors)."""
+    projections; Qwen3, with q/k norms; Qwen3-MoE, 4 experts of `intermediate // 2`, 2 per token)
+    and `tokenizer` to `path` (fp32 safetensors)."""
     import torch
     import transformers
 
@@ -78,15 +79,19 @@ def build_tiny_model(path: str | Path, tokenizer, *, seed: int = 0, hidden: int 
         raise ValueError(f"architecture {architecture!r}: pick one of {', '.join(ARCHITECTURES)}")
     config_class, model_class = {"llama": ("LlamaConfig", "LlamaForCausalLM"),
                                  "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
-                                 "qwen3": ("Qwen3Config", "Qwen3ForCausalLM")}[architecture]
+                                 "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+                                 "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM")}[architecture]
     config = getattr(transformers, config_class)(
         vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=intermediate,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
         max_position_embeddings=max_positions, initializer_range=initializer_range,
         tie_word_embeddings=tie_embeddings, bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, dtype="float32")
-    if architecture == "qwen3":
+    if architecture.startswith("qwen3"):
         config.head_dim = hidden // heads
+    if architecture == "qwen3_moe":
+        config.num_experts, config.num_experts_per_tok, config.moe_intermediate_size = 4, 2, intermediate // 2
+        config.norm_topk_prob = True
     torch.manual_seed(seed)
     model = getattr(transformers, model_class)(config)
     path = Path(path)

@@ -58,7 +58,7 @@ def add_inference(sub) -> None:
                        VllmServerSettings, SERVER_FLAGS)
     inference.add_argument("--replica-id", default=None, help="name in status events (default: 127.0.0.1:PORT)")
     add_settings_flags(inference.add_argument_group("weight subscriber"), WeightSubscriberSettings,
-                       ["policy", "cache_dir", "keep_versions", "follow", "lane"])
+                       ["policy", "cache_dir", "keep_versions", "follow", "lane", "allow_moe_full_reload"])
     inference.add_argument("--vllm-log", type=Path, default=None, help="file for the server's own output")
     add_store_options(inference)
     add_bus_options(inference)
@@ -134,7 +134,7 @@ def cmd_inference(args: argparse.Namespace) -> int:
                        "inference")
     subscriber = WeightSubscriberSettings(replica_id=args.replica_id or f"{server.host}:{server.port}",
                                           **settings_flags(args, ["policy", "cache_dir", "keep_versions", "follow",
-                                                                             "lane"]))
+                                                                             "lane", "allow_moe_full_reload"]))
     topics = Topics(args.prefix)
     with open_log(bus_settings(args)) as log:
         log.create_topics(catalog_topics(topics))

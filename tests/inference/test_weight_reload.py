@@ -272,3 +272,36 @@ def test_a_tied_embedding_model_reloads_full_weight_and_serves_each_new_version(
         subscriber.close()
     finally:
         server.stop()
+
+
+def test_a_mixture_of_experts_reload_is_wrong_on_this_vllm_so_the_subscriber_refuses_it(tmp_path, tiny_models):
+    """A tiny Qwen3-MoE (4 experts, 2 per token) serves its own weights, but after an in-place reload
+    (rollwire's, which is vLLM's plus the re-tie) its logprobs are far from the new weights'. Pinned
+    here: if the first assertion starts failing, vLLM fixed it, and `allow_moe_full_reload` can become
+    the default. Until then the subscriber refuses such versions before touching the engine."""
+    from rollwire.consumers.vllm_server import VllmServer, VllmServerSettings
+    from rollwire.objectstore import LocalStore
+    from rollwire.trainer.tiny import build_bpe_tokenizer, build_tiny_model
+    tokenizer = build_bpe_tokenizer()
+    old, new = (build_tiny_model(tmp_path / f"moe-{seed}", tokenizer, seed=seed, initializer_range=0.5,
+                                 architecture="qwen3_moe") for seed in (1, 2))
+    server = VllmServer(VllmServerSettings(model=str(old), dtype="float32", max_model_len=256,
+                                           log_path=tmp_path / "vllm.log"))
+    server.start()
+    try:
+        ids, served, _ = served_logprobs(server)
+        assert served == pytest.approx(transformers_logprobs(old, PROMPT, ids), abs=1e-3)  # as loaded: right
+        server.control.swap_full_weights(str(new), "1")
+        ids, served, _ = served_logprobs(server)
+        assert max(abs(a - b) for a, b in zip(served, transformers_logprobs(new, PROMPT, ids))) > 1.0
+
+        fleet = Fleet(tmp_path, LocalStore(tmp_path / "store"), server, tiny_models)
+        subscriber = WeightSubscriber(fleet.log, fleet.topics, fleet.store, server.control,
+                                      WeightSubscriberSettings(replica_id="moe", cache_dir=tmp_path / "cache"),
+                                      base_model_dir=old)
+        status = subscriber.apply(fleet.publish(2, old))
+        assert status.state == "failed" and "mixture of experts" in status.reason
+        assert served_logprobs(server)[1] == pytest.approx(served, abs=1e-6)  # the engine was not touched
+        subscriber.close()
+    finally:
+        server.stop()

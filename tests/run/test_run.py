@@ -1,6 +1,7 @@
 """`rollwire run` end to end: real processes, a real vLLM server, the embedded log and Kafka.
 
-A short recipe (two inference replicas, two env workers, a trainer of two torchrun ranks) is run as
+A short recipe (a tiny Qwen3 with tied embeddings and a BPE tokenizer; two inference replicas, two
+env workers, a trainer of two torchrun ranks) is run as
 a user would run it (`rollwire run RECIPE`, a subprocess): interrupted
 with Ctrl-C (SIGINT) after two steps, with one component `kill -9`ed on the way, then started
 again to finish. The module's tests then check what that run left: resume, metrics, curve, and
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from user_runs import TIED_QWEN2, finish, metrics_rows, recipe_file, served_logprob_gaps, start_run
+from user_runs import TIED_QWEN2, TIED_QWEN3, finish, metrics_rows, recipe_file, served_logprob_gaps, start_run
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1800)]  # whole runs, each its own vLLM
 
@@ -59,7 +60,7 @@ def interrupted_run(tmp_path_factory) -> dict:
     two inference replicas and two env workers, routed by version, and a trainer of two ranks."""
     folder = tmp_path_factory.mktemp("run")
     run_dir, metrics = folder / "short", folder / "short" / "metrics.jsonl"
-    recipe = recipe_file(folder, "short", steps=8, replicas=2, env_workers=2, trainer_processes=2)
+    recipe = recipe_file(folder, "short", steps=8, replicas=2, env_workers=2, trainer_processes=2, tiny=TIED_QWEN3)
     first = start_run(str(recipe), "--run-dir", str(run_dir))
     _wait_for_steps(first, metrics, 1)
     killed = _role_process(first, "scorer")
@@ -124,6 +125,13 @@ def test_calls_are_routed_over_both_replicas_and_both_end_on_the_newest_version(
             newest[s.replica_id] = max(newest.get(s.replica_id, 0), s.serving_version or 0)
     assert newest.keys() == {"replica-0", "replica-1"} and min(newest.values()) >= 7, newest  # both follow the trainer
     assert all(s.url and s.url.startswith("http://127.0.0.1:") for s in statuses)
+
+
+def test_both_replicas_served_each_version_of_the_tied_qwen3_with_its_own_weights(interrupted_run):
+    from rollwire.bus import EmbeddedBusSettings, open_log
+    with open_log(EmbeddedBusSettings(path=interrupted_run["run_dir"] / "log")) as log:
+        gaps = served_logprob_gaps(log, "short.rollouts", interrupted_run["run_dir"] / "weights")
+    assert len(gaps) >= 5 and max(gaps.values()) < 1e-3, gaps
 
 
 def test_the_trainer_ran_as_two_torchrun_ranks(interrupted_run):
