@@ -123,6 +123,24 @@ def version_prefix(policy: str, version: int) -> str:
     return f"{policy}/v{version:08d}"
 
 
+def stored_versions(store: ObjectStore, policy: str) -> list[int]:
+    """The complete versions of `policy` in the store (those with a manifest), ascending."""
+    versions = []
+    for key in store.list(f"{policy}/v"):
+        folder, _, name = key[len(policy) + 1:].partition("/")
+        if name == MANIFEST_NAME and folder[1:].isdigit():
+            versions.append(int(folder[1:]))
+    return sorted(versions)
+
+
+def prune_version(store: ObjectStore, policy: str, version: int) -> None:
+    """Deletes a version: its manifest first (from then on it is absent to every reader), then its files."""
+    prefix = version_prefix(policy, version) + "/"
+    store.delete(prefix + MANIFEST_NAME)
+    for key in store.list(prefix):
+        store.delete(key)
+
+
 def stored_version(store: ObjectStore, policy: str, version: int) -> WeightsPublished:
     """The event announcing a version already in the store, rebuilt from its manifest (the `weights`
     topic keeps only the newest version per policy); `CheckpointMissingError` if it is not there."""
@@ -130,14 +148,26 @@ def stored_version(store: ObjectStore, policy: str, version: int) -> WeightsPubl
     try:
         data = store.get_bytes(prefix + MANIFEST_NAME)
     except ObjectNotFoundError as exc:
+        kept = stored_versions(store, policy)
         raise CheckpointMissingError(f"version {version} of policy {policy!r} is not in the store (no "
-                                     f"{prefix}{MANIFEST_NAME}); `rollwire topics`/`tail weights` list those "
-                                     "published") from exc
+                                     f"{prefix}{MANIFEST_NAME}: never published, or pruned by the trainer's "
+                                     f"retention); the store holds {_ranges(kept) or 'no version'}") from exc
     manifest = Manifest.model_validate_json(data)
     return WeightsPublished(policy=policy, version=version, step=manifest.step, uri=store.uri(prefix),
                             format=manifest.format, manifest_sha256=hashlib.sha256(data).hexdigest(),
                             base_model=manifest.base_model, size_bytes=sum(f.size_bytes for f in manifest.files),
                             published_at_ms=manifest.created_at_ms)
+
+
+def _ranges(versions: list[int]) -> str:
+    """`1-3, 5, 9-10` for [1, 2, 3, 5, 9, 10]."""
+    runs: list[list[int]] = []
+    for v in versions:
+        if runs and v == runs[-1][-1] + 1:
+            runs[-1].append(v)
+        else:
+            runs.append([v])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
 def fetch(store: ObjectStore, uri: str, manifest_sha256: str, dest: Path) -> Manifest:
@@ -146,7 +176,8 @@ def fetch(store: ObjectStore, uri: str, manifest_sha256: str, dest: Path) -> Man
     try:
         data = store.get_bytes(prefix + MANIFEST_NAME)
     except ObjectNotFoundError as exc:
-        raise CheckpointMissingError(f"no {MANIFEST_NAME} at {uri}: the checkpoint was never completed") from exc
+        raise CheckpointMissingError(f"no {MANIFEST_NAME} at {uri}: the checkpoint was never completed, or was "
+                                     "pruned by the trainer's retention ([trainer.retention])") from exc
     actual = hashlib.sha256(data).hexdigest()
     if actual != manifest_sha256:
         raise CorruptCheckpointError(f"the manifest at {uri} has sha256 {actual[:12]}…, the weights event "

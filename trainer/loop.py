@@ -11,7 +11,7 @@ One step, as a commit protocol (under torchrun, rank 0 runs it; Step 2 is every 
     # Step 3  version += 1; when due, write the weights to the object store (manifest last)
     # Step 4  build the step's outbox (train step, weights published, drops); flush dead letters
     # Step 5  checkpoint model, optimizer, read positions, version and outbox as one unit
-    # Step 6  send the outbox, then mark it sent
+    # Step 6  send the outbox, then mark it sent; prune versions the retention policy lets go
 
 A crash before Step 5 redoes the step from the previous checkpoint on the same rollouts; a crash
 after it, before the mark, re-sends the outbox. Either way each rollout is trained once or dropped once.
@@ -44,6 +44,7 @@ from rollwire.trackers import Trackers, step_metrics
 from rollwire.trainer import checkpoint
 from rollwire.trainer.distributed import Shard
 from rollwire.trainer.model import resolve_device
+from rollwire.trainer.retention import InUse, apply_retention
 from rollwire.trainer.settings import TrainerSettings
 from rollwire.trainer.step import Objectives, StepResult, train_step
 from rollwire.weight_versions import Published, publish, version_prefix
@@ -110,6 +111,8 @@ class Trainer:
         self.shard = shard
         self.trackers = trackers
         """Where each step's metrics are reported once its commit is sent (`rollwire.trackers`)."""
+        self.in_use = InUse(log, topics, settings.policy) if settings.retention.keep_last is not None else None
+        """Versions replicas serve or serving decisions name: never pruned (`rollwire.trainer.retention`)."""
         self._staleness = metrics.staleness_histogram()
         self._step_duration = metrics.seconds_histogram("rollwire.trainer.step.duration",
                                                         "seconds per trainer step, from batch to commit")
@@ -175,6 +178,9 @@ class Trainer:
                                     keep_every=self.settings.keep_checkpoint_every)
             # Step 6
             self._send_outbox(saved)
+        if weights is not None and self.in_use is not None:
+            apply_retention(self.store, self.settings.policy, self.settings.retention, weights.version,
+                            self.in_use.versions())
         self._ready_since = time.monotonic()
         self._step_duration.record(self._ready_since - started)
         for scored in batch.rollouts:
@@ -230,6 +236,8 @@ class Trainer:
         self.producer.close()
         if self.trackers is not None:
             self.trackers.close()
+        if self.in_use is not None:
+            self.in_use.close()
 
 
 def follow(settings: TrainerSettings, shard: Shard) -> int:

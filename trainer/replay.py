@@ -28,7 +28,7 @@ from typing import TypeVar
 
 from rollwire.bus import DeadLetters, EventLog, EventProducer, TopicError, catalog_topics, read_to_end
 from rollwire.errors import ConfigError
-from rollwire.objectstore import ObjectStore
+from rollwire.objectstore import ObjectNotFoundError, ObjectStore
 from rollwire.schemas.manifest import MANIFEST_NAME, Manifest
 from rollwire.schemas.rollout import ScoredRollout
 from rollwire.schemas.topics import Topics
@@ -228,7 +228,11 @@ def _compare(store: ObjectStore, step: ReplayedStep) -> None:
     """Fills `identical`, and `max_abs_diff` where the files differ."""
     if step.published is None or step.recorded is None:
         return
-    step.identical = _safetensors_digests(store, step.published) == _safetensors_digests(store, step.recorded)
+    try:
+        recorded = _safetensors_digests(store, step.recorded)
+    except ObjectNotFoundError:  # pruned by the run's retention ([trainer.retention]): not compared
+        return
+    step.identical = _safetensors_digests(store, step.published) == recorded
     if step.identical:
         step.max_abs_diff = 0.0
         return

@@ -68,6 +68,23 @@ class FeedbackTrainingSettings(ProductionMix):
         return self
 
 
+class RetentionSettings(BaseModel):
+    """`[trainer.retention]`: which published versions the store keeps (unset: every one)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    keep_last: int | None = Field(default=None, ge=1)
+    """Keep the newest this many versions; None keeps every version (no pruning at all)."""
+    keep_every: int = Field(default=0, ge=0)
+    """Also keep every version that is a multiple of this, for good (0: none)."""
+
+    def keeps(self, version: int, newest: int) -> bool:
+        """Whether the policy alone keeps `version` when `newest` is the newest published."""
+        if self.keep_last is None or version > newest - self.keep_last:
+            return True
+        return bool(self.keep_every) and version % self.keep_every == 0
+
+
 class TrainerSettings(BaseModel):
     """Everything the trainer needs besides the log and the store."""
 
@@ -104,6 +121,8 @@ class TrainerSettings(BaseModel):
     """Where the trainer's checkpoints go (local disk)."""
     keep_checkpoints: int = Field(default=2, ge=1)
     """The newest checkpoints kept (a restart needs only the last)."""
+    retention: RetentionSettings = Field(default_factory=RetentionSettings)
+    """Which published weight versions the object store keeps (`rollwire.trainer.retention`; default: all)."""
     keep_checkpoint_every: int = Field(default=0, ge=0)
     """Also keep the checkpoint of every N-th step for good (0: none): the starting points
     `rollwire replay train --from-step` can retrain from."""

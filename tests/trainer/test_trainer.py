@@ -242,3 +242,42 @@ def test_the_cpu_path_is_deterministic(tiny_policy):
         return [p.detach().clone() for p in model.parameters()]
 
     assert all(torch.equal(a, b) for a, b in zip(trained(), trained()))
+
+
+def test_the_store_keeps_what_retention_and_the_fleet_need_and_a_pruned_version_is_refused(world, tmp_path,
+                                                                                           tiny_policy):
+    from rollwire.consumers.weight_subscriber import WeightSubscriber, WeightSubscriberSettings
+    from rollwire.producers.releases import promote
+    from rollwire.schemas import ReplicaStatus
+    from rollwire.weight_versions import CheckpointMissingError, stored_version, stored_versions
+    log, topics, store = world
+    fleet = EventProducer(log.producer(), topics, name="replica")
+    fleet.send(topics.fleet, ReplicaStatus(replica_id="r0", state="serving", serving_version=2, url="http://r0"),
+               key="r0")  # a replica still serves version 2 (it never reports again)
+    fleet.flush()
+    trainer = Trainer(log, topics, store, TrainerSettings.model_validate(
+        {**settings(tmp_path, tiny_policy).model_dump(), "retention": {"keep_last": 2, "keep_every": 4}}))
+    published = {}
+    for step in range(1, 10):
+        send_scored(log, topics, [scored(10 * step + i, version=step - 1) for i in range(4)])
+        assert trainer.step(timeout_s=5).policy_version == step
+        published[step] = stored_version(store, "policy", step) if step in stored_versions(store, "policy") else None
+        if step == 3:
+            promote(log, topics, store, policy="policy", version=3)  # production serves version 3
+            time.sleep(1.5)  # the trainer's follower reads the decision
+    trainer.close()
+
+    assert stored_versions(store, "policy") == [2, 3, 4, 8, 9]  # served, decided, every 4th, the last 2
+    assert store.list("policy/v00000005/") == []  # files gone too, not only the manifest
+    with pytest.raises(CheckpointMissingError, match="pruned by the trainer's retention.*holds 2-4, 8-9"):
+        stored_version(store, "policy", 5)
+
+    class Untouchable:
+        def __getattr__(self, name):
+            raise AssertionError(f"the engine was touched ({name})")
+
+    subscriber = WeightSubscriber(log, topics, store, Untouchable(), WeightSubscriberSettings(
+        replica_id="late", cache_dir=tmp_path / "cache"))
+    status = subscriber.apply(published[5])  # a replica that asks late for version 5
+    assert status.state == "failed" and "pruned" in status.reason
+    subscriber.close()

@@ -1,0 +1,95 @@
+"""Which weight versions stay in the object store: the storage a run leaves stays bounded.
+
+    [trainer.retention]
+    keep_last = 5        # the newest five versions
+    keep_every = 50      # and every 50th, for good (evaluations, `rollwire promote` later)
+
+Applied by the trainer each time it publishes a version. Never pruned, whatever the policy says:
+the version each replica reports serving on `fleet`, and every version a serving decision names
+(stable or canary, on `serving`: a rollback may go back to any of them). Version 0 is the base
+model, which is not in the store.
+
+Pruning deletes a version's manifest first, then its files, so a version is complete or absent:
+a replica (or `rollwire promote`) that asks for a pruned version is refused with
+`CheckpointMissingError` before anything is loaded. The trainer's own checkpoints hold their
+weights themselves and need no version in the store.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from rollwire.bus import Beginning, EventLog
+from rollwire.objectstore import ObjectStore
+from rollwire.schemas.envelope import Codec
+from rollwire.schemas.topics import Topics
+from rollwire.schemas.weights import ReplicaStatus, ServingDecision
+from rollwire.trainer.settings import RetentionSettings
+from rollwire.weight_versions import prune_version, stored_versions
+
+logger = logging.getLogger(__name__)
+
+
+class InUse:
+    """The versions something still needs, followed from `fleet` and `serving` in a background thread."""
+
+    def __init__(self, log: EventLog, topics: Topics, policy: str, poll_s: float = 0.5) -> None:
+        self.policy = policy
+        self._serving: dict[str, int] = {}
+        self._decided: set[int] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._reader = log.reader([topics.fleet, topics.serving], Beginning())
+        self._caught_up = threading.Event()
+        self._thread = threading.Thread(target=self._follow, args=(poll_s,), name="versions-in-use", daemon=True)
+        self._thread.start()
+
+    def _follow(self, poll_s: float) -> None:
+        codec = Codec()
+        try:
+            while not self._stop.is_set():
+                records = self._reader.poll_batch(1000, poll_s)
+                for record in records:
+                    try:
+                        event = codec.decode(record.value).event if record.value is not None else None
+                    except Exception:  # the replicas and the gateway dead-letter what they cannot read
+                        continue
+                    with self._lock:
+                        if isinstance(event, ReplicaStatus):
+                            if event.state in ("stopped",) or event.serving_version is None:
+                                self._serving.pop(event.replica_id, None)
+                            else:
+                                self._serving[event.replica_id] = event.serving_version
+                        elif isinstance(event, ServingDecision) and event.policy == self.policy:
+                            self._decided |= {v.version for v in (event.stable, event.canary) if v is not None}
+                if not records:
+                    self._caught_up.set()
+        finally:
+            self._reader.close()
+
+    def versions(self, wait_s: float = 10.0) -> set[int]:
+        """Every version in use now (after the first catch-up, waited for up to `wait_s`)."""
+        self._caught_up.wait(wait_s)
+        with self._lock:
+            return set(self._serving.values()) | self._decided
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5.0)
+
+
+def apply_retention(store: ObjectStore, policy: str, settings: RetentionSettings, newest: int,
+                    in_use: set[int]) -> list[int]:
+    """Prunes the versions of `policy` neither the policy nor `in_use` keeps; returns them."""
+    if settings.keep_last is None:
+        return []
+    pruned = []
+    for version in stored_versions(store, policy):
+        if version < newest and not settings.keeps(version, newest) and version not in in_use:
+            prune_version(store, policy, version)
+            pruned.append(version)
+    if pruned:
+        logger.info("retention: pruned versions %s of %s (newest %d; in use %s)", pruned, policy, newest,
+                    sorted(in_use) or "none")
+    return pruned
