@@ -103,7 +103,7 @@ class TrainerSettings(BaseModel):
     `torchrun --nproc-per-node N` (gloo on CPU, NCCL on CUDA); each rank trains its share of every
     batch. Outside a run, start `rollwire train` with torchrun yourself."""
     loss: str = "ppo_clip"
-    """Registered loss of policy-gradient samples (`rollwire.trainer.losses`): ppo_clip, dppo_mask, reinforce,
+    """Registered loss of policy-gradient samples (`rollwire.trainer.losses`): ppo_clip, dppo_mask, ipo, reinforce,
     nll, reverse_kl."""
     loss_params: dict[str, float] = Field(default_factory=dict)
     """Parameters of the loss, e.g. `{eps_low = 0.2}`; checked against the loss when loaded."""

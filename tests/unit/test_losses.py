@@ -50,6 +50,25 @@ def test_dppo_mask_drops_tokens_outside_the_trust_region_instead_of_clipping_the
     assert metrics["masked_fraction"] == pytest.approx(2 / 5)
 
 
+def test_ipo_masks_tokens_whose_probabilities_differ_by_more_than_the_gap():
+    # probabilities: trainer 0.5, 0.2, 0.9, 0.3, 0.6; sampler 0.4, 0.2, 0.5, 0.3, 0.4: gaps 0.1, 0, 0.4, 0, 0.2
+    x = inputs(requires_grad=True)
+    loss, metrics = losses.build("ipo", max_prob_gap=0.15)(x)
+    assert loss.item() == pytest.approx((-1.25 - 1.0 + 2.0) / N)  # tokens 3 (gap 0.4) and 5 (0.2) masked
+    assert metrics["masked_fraction"] == pytest.approx(2 / 5)
+    assert metrics["prob_gap_mean"] == pytest.approx((0.1 + 0 + 0.4 + 0 + 0.2) / N)
+    loss.backward()
+    assert x.logprobs.grad[0, 2].item() == 0.0 and x.logprobs.grad[1, 1].item() == 0.0  # masked: no gradient
+    assert x.logprobs.grad[0, 0].item() == pytest.approx(-1.25 / N)  # d(-r A)/dlogp = -r A
+    wider, _ = losses.build("ipo", max_prob_gap=0.3)(inputs())
+    assert wider.item() == pytest.approx((-1.25 - 1.0 + 2.0 + 3.0) / N)  # only the 0.4 gap is masked
+    # a rare token whose probability doubled (ratio 2) is kept; the ratio-based mask would drop it
+    rare = LossInputs(logprobs=torch.tensor([[math.log(0.002)]]), sampler_logprobs=torch.tensor([[math.log(0.001)]]),
+                      advantages=torch.tensor([[1.0]]), mask=torch.tensor([[1.0]]), num_tokens=1)
+    assert losses.build("ipo")(rare)[1]["masked_fraction"] == 0.0
+    assert losses.build("dppo_mask")(rare)[1]["masked_fraction"] == 1.0
+
+
 def test_reinforce_is_minus_advantage_times_logprob_with_no_correction():
     loss, metrics = losses.build("reinforce")(inputs())
     assert loss.item() == pytest.approx(sum(-a * lp for a, lp in zip(ADV, LOGP)) / N)
@@ -102,11 +121,11 @@ def test_dpo_pushes_the_chosen_response_up_against_the_rejected_one_from_the_ref
 
 
 def test_loss_names_and_parameters_are_checked_before_anything_is_built():
-    with pytest.raises(ConfigError, match="unknown loss 'ppo'; valid: dppo_mask, nll, ppo_clip, reinforce, reverse_kl"):
+    with pytest.raises(ConfigError, match="unknown loss 'ppo'; valid: dppo_mask, ipo, nll, ppo_clip, reinforce, reverse_kl"):
         losses.check("ppo", {})
     with pytest.raises(ConfigError, match="no parameter 'eps' .*it takes eps_low, eps_high"):
         losses.check("ppo_clip", {"eps": 0.1})
-    with pytest.raises(ConfigError, match="loss 'dpo' trains preference pairs; here it takes one of: dppo_mask, nll"):
+    with pytest.raises(ConfigError, match="loss 'dpo' trains preference pairs; here it takes one of: dppo_mask, ipo, nll"):
         losses.check("dpo", {})
     with pytest.raises(ConfigError, match="loss 'nll' trains scored tokens; here it takes one of: dpo"):
         losses.check("nll", {}, pairwise=True)

@@ -4,6 +4,9 @@
                  loss_t = -min(r_t A_t, clip(r_t, 1 - eps_low, 1 + eps_high) A_t),  r_t = pi_theta / pi_sampler
     dppo_mask    tokens whose ratio leaves [1 - eps_low, 1 + eps_high] are masked out instead of
                  clipped (DPPO-style trust region by token masking); the others get r_t A_t
+    ipo          tokens whose trainer and sampler *probabilities* differ by more than `max_prob_gap`
+                 are masked out (after prime-rl's IPO: a gap in probability, unlike a ratio, does not
+                 flag rare tokens whose tiny probabilities merely doubled); the others get r_t A_t
     reinforce    plain REINFORCE on sampled tokens: -A_t log pi_theta (no correction; on-policy only)
     nll          negative log-likelihood, for SFT samples (advantage ignored)
     reverse_kl   on-policy distillation: the scorer's per-token advantages are
@@ -58,6 +61,24 @@ class DppoMask(Loss):
         inside = ((ratio >= 1 - self.params["eps_low"]) & (ratio <= 1 + self.params["eps_high"])).float()
         per_token = -(ratio * x.advantages) * inside
         return token_mean(per_token, x), {"masked_fraction": token_mean(1.0 - inside, x).item(),
+                                          "ratio_mean": token_mean(ratio.detach(), x).item()}
+
+
+@register
+class Ipo(Loss):
+    name = "ipo"
+
+    @classmethod
+    def defaults(cls) -> dict[str, float]:
+        return {"max_prob_gap": 0.2}
+
+    def __call__(self, x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+        ratio = _ratio(x)
+        gap = (x.logprobs.detach().exp() - x.sampler_logprobs.exp()).abs()
+        keep = (gap <= self.params["max_prob_gap"]).float()
+        per_token = -(ratio * x.advantages) * keep
+        return token_mean(per_token, x), {"masked_fraction": token_mean(1.0 - keep, x).item(),
+                                          "prob_gap_mean": token_mean(gap, x).item(),
                                           "ratio_mean": token_mean(ratio.detach(), x).item()}
 
 
