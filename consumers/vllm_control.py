@@ -147,10 +147,13 @@ class VllmControl:
         """The text of `token_ids`, as the server's tokenizer decodes them."""
         return self._request("POST", "/detokenize", {"tokens": list(token_ids)})["prompt"]
 
-    def render_chat(self, messages: list[dict], *, model: str = "policy") -> list[int]:
-        """The prompt token ids of `messages` under the served chat template, ready for the assistant."""
-        return self._request("POST", "/v1/chat/completions/render",
-                             {"model": model, "messages": messages, "add_generation_prompt": True})["token_ids"]
+    def render_chat(self, messages: list[dict], *, model: str = "policy", tools: list[dict] | None = None) -> list[int]:
+        """The prompt token ids of `messages` (and `tools`, OpenAI function schemas) under the served
+        chat template, ready for the assistant."""
+        body: dict[str, Any] = {"model": model, "messages": messages, "add_generation_prompt": True}
+        if tools:  # rendered by the template; the harness parses the calls itself, so vLLM's parser stays off
+            body.update(tools=tools, tool_choice="none")
+        return self._request("POST", "/v1/chat/completions/render", body)["token_ids"]
 
 
 def _sampling(max_tokens: int, temperature: float, logprobs: bool, seed: int | None, ignore_eos: bool) -> dict:

@@ -2,8 +2,11 @@
 rollout's `Interceptor`, so every sampled token is recorded.
 
     completion   one raw-text completion of the row's `prompt`
-    chat         a multi-turn chat from the row's `messages`, with tools the model calls as
-                 `CALL tool(argument)`; each result comes back as a `tool` message
+    chat         a multi-turn chat from the row's `messages`, with tools the model calls in the
+                 format of Hermes and Qwen templates, `<tool_call>{"name": ..., "arguments": {...}}
+                 </tool_call>` (the row's `tools` are rendered into the prompt by the chat template),
+                 or as `CALL tool(argument)`; each result comes back as a `tool` message, and a call
+                 that does not parse comes back as an error the model can read
     script       unmodified agent code in a subprocess that knows only an OpenAI base URL
                  (OPENAI_BASE_URL, OPENAI_API_KEY) and the task (ROLLWIRE_TASK, JSON); the last
                  line it prints is its answer
@@ -19,6 +22,7 @@ import operator
 import re
 import subprocess
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from rollwire.errors import RollwireError
 from rollwire.processes import agent_environment, die_with_parent
@@ -30,6 +34,7 @@ Harness = Callable[[dict, Interceptor], str]
 """`harness(task_row, interceptor) -> final answer text`."""
 
 _CALL = re.compile(r"CALL\s+(\w+)\((.*?)\)")
+_TOOL_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.S)
 
 
 class HarnessError(RollwireError, RuntimeError):
@@ -66,21 +71,65 @@ def calculator(expression: str) -> str:
 
 
 TOOLS: dict[str, Callable[[str], str]] = {"calculator": calculator}
+"""Tools by name; each takes its one argument as text."""
+TOOL_SCHEMAS: dict[str, dict] = {"calculator": {"type": "function", "function": {
+    "name": "calculator", "description": "Evaluates an arithmetic expression: numbers, + - * / and parentheses.",
+    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}}
+"""OpenAI function schemas of `TOOLS`, rendered into the prompt by templates that take `tools`."""
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    argument: str
+    """The tool's one argument as text (a Hermes call's only argument value)."""
+    error: str | None = None
+    """Why the call could not be read; the model is told this instead of a result."""
+
+
+def parse_tool_calls(reply: str) -> list[ToolCall]:
+    """Every tool call in a reply: Hermes/Qwen `<tool_call>{json}</tool_call>` blocks (an unclosed
+    last one too: generation may stop inside it), else `CALL tool(argument)`; none means an answer."""
+    blocks = _TOOL_CALL.findall(reply)
+    if not blocks:
+        return [ToolCall(m.group(1), m.group(2)) for m in _CALL.finditer(reply)][:1]
+    calls = []
+    for block in blocks:
+        try:
+            call = json.loads(block)
+            name, arguments = call["name"], call.get("arguments", {})
+            if isinstance(arguments, str):  # some models write the arguments as a JSON string
+                arguments = json.loads(arguments)
+            if not isinstance(name, str) or not isinstance(arguments, dict) or len(arguments) > 1:
+                raise ValueError("want {\"name\": TOOL, \"arguments\": {PARAMETER: VALUE}}")
+            calls.append(ToolCall(name, str(next(iter(arguments.values()), ""))))
+        except (ValueError, KeyError, TypeError) as exc:
+            calls.append(ToolCall("", "", error=f"error: malformed tool call {block.strip()[:200]!r}: {exc}"))
+    return calls
+
+
+def run_tool(call: ToolCall) -> str:
+    """The result the model sees for one call: the tool's answer, or an error it can read."""
+    if call.error is not None:
+        return call.error
+    tool = TOOLS.get(call.name)
+    return tool(call.argument) if tool else f"error: no tool {call.name!r}"
 
 
 def chat_harness(row: dict, interceptor: Interceptor, *, max_turns: int = 4) -> str:
-    """Chats until the model answers without calling a tool (or `max_turns` replies)."""
+    """Chats until the model answers without calling a tool (or `max_turns` replies). The row's
+    `tools` (names in `TOOLS`) go to the template as schemas; every call of a reply is answered,
+    in order, each by its own `tool` message."""
     messages = list(row["messages"])
+    tools = [TOOL_SCHEMAS[name] for name in row.get("tools", [])]
     reply = ""
     for _ in range(max_turns):
-        reply = interceptor.chat(messages)
+        reply = interceptor.chat(messages, tools=tools) if tools else interceptor.chat(messages)
         messages.append({"role": "assistant", "content": reply})
-        call = _CALL.search(reply)
-        if call is None:
+        calls = parse_tool_calls(reply)
+        if not calls:
             return reply
-        tool = TOOLS.get(call.group(1))
-        result = tool(call.group(2)) if tool else f"error: no tool {call.group(1)!r}"
-        messages.append({"role": "tool", "content": result})
+        messages += [{"role": "tool", "content": run_tool(call)} for call in calls]
     return reply
 
 

@@ -97,10 +97,12 @@ class Interceptor:
         """Samples a continuation of `prompt` (raw text, special tokens allowed) and returns its text."""
         return self.complete_ids(self.control.tokenize(prompt))
 
-    def chat(self, messages: list[dict]) -> str:
-        """Samples the assistant's next message: the server renders the chat template into token ids,
-        generation stops at the end-of-turn token (kept in the record), the text comes back."""
-        rendered = self.control.render_chat(messages, model=self.model or "policy")
+    def chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        """Samples the assistant's next message: the server renders the chat template (with `tools`,
+        OpenAI function schemas, where the template renders them) into token ids, generation stops at
+        the end-of-turn token (kept in the record), the text comes back."""
+        rendered = (self.control.render_chat(messages, model=self.model or "policy", tools=tools) if tools
+                    else self.control.render_chat(messages, model=self.model or "policy"))
         messages = [{"role": m.get("role"), "content": m.get("content") or ""} for m in messages]
         with self._lock:  # messages not shown before (all of them when the history was edited)
             shown = self._shown

@@ -19,9 +19,13 @@ SPECIALS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|im_start|>", "<|im_end|>"]
 ALPHABET = string.digits + string.ascii_letters + " :>=+-*/.,?!()\n"
 
 CHAT_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n# Tools\n\nYou may call functions. Their signatures are in "
+    "<tools></tools>:\n<tools>\n{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}</tools>\n\nCall one as "
+    "<tool_call>{\"name\": NAME, \"arguments\": {...}}</tool_call><|im_end|>\n{% endif %}"
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+"""ChatML, with the tools block of Hermes/Qwen templates when a request has `tools`."""
 
 
 def build_char_tokenizer(alphabet: str = ALPHABET):
