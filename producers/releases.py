@@ -19,10 +19,8 @@ from __future__ import annotations
 import getpass
 import logging
 import random
-import threading
-from dataclasses import dataclass
 
-from rollwire.bus import Beginning, EventLog, EventProducer, records_to_end
+from rollwire.bus import EventLog, EventProducer, Follower, records_to_end
 from rollwire.errors import ConfigError
 from rollwire.objectstore import ObjectStore
 from rollwire.schemas.envelope import Codec
@@ -100,17 +98,13 @@ def describe(decision: ServingDecision) -> str:
             f"v{decision.stable.version} the rest")
 
 
-@dataclass
 class ServingPlan:
     """The latest serving decision, kept current from `serving` in a background thread; the gateway
     asks it which version each request goes to."""
 
-    policy: str = "policy"
-    decision: ServingDecision | None = None
-
-    def __post_init__(self) -> None:
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+    def __init__(self, policy: str = "policy", decision: ServingDecision | None = None) -> None:
+        self.policy, self.decision = policy, decision
+        self._follower: Follower | None = None
 
     def pick(self, rng: random.Random) -> tuple[int, str] | None:
         """(version, `stable` or `canary`) for one request; None before any decision (then the newest
@@ -124,34 +118,14 @@ class ServingPlan:
 
     def follow(self, log: EventLog, topics: Topics, poll_s: float = 0.5) -> ServingPlan:
         """Reads every decision so far, then keeps up with new ones until `close()`."""
-        reader = log.reader([topics.serving], Beginning())
-        codec = Codec()
-        ready = threading.Event()
-
-        def run() -> None:
-            try:
-                while not self._stop.is_set():
-                    records = reader.poll_batch(100, poll_s)
-                    for record in records:
-                        try:
-                            event = codec.decode(record.value).event if record.value is not None else None
-                        except Exception as exc:
-                            logger.warning("serving record %s@%s does not decode: %s", record.topic, record.offset, exc)
-                            continue
-                        if isinstance(event, ServingDecision) and event.policy == self.policy:
-                            self.decision = event
-                            logger.info("now serving by the decision %s", describe(event))
-                    if not records:
-                        ready.set()
-            finally:
-                reader.close()
-
-        self._thread = threading.Thread(target=run, name="serving-plan", daemon=True)
-        self._thread.start()
-        ready.wait(timeout=10.0)
+        def take(event) -> None:
+            if isinstance(event, ServingDecision) and event.policy == self.policy:
+                self.decision = event
+                logger.info("now serving by the decision %s", describe(event))
+        self._follower = Follower(log, [topics.serving], take, name="serving-plan", poll_s=poll_s)
+        self._follower.wait()
         return self
 
     def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5.0)
+        if self._follower is not None:
+            self._follower.close()

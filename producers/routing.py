@@ -31,10 +31,9 @@ from typing import Any
 from opentelemetry import trace
 
 from rollwire import metrics
-from rollwire.bus import Beginning, EventLog
+from rollwire.bus import EventLog, Follower
 from rollwire.consumers.vllm_control import VllmControl, VllmError
 from rollwire.producers.interception import version_number
-from rollwire.schemas.envelope import Codec
 from rollwire.schemas.topics import Topics
 from rollwire.schemas.weights import ReplicaStatus
 
@@ -159,8 +158,7 @@ class Router:
     def __init__(self, fleet: FleetView, *, wait_s: float = 60.0, rng: random.Random | None = None) -> None:
         self.fleet, self.wait_s, self.rng = fleet, wait_s, rng or random.Random()
         self._lock = threading.Lock()
-        self._follower: threading.Thread | None = None
-        self._stop = threading.Event()
+        self._follower: Follower | None = None
         metrics.observe("rollwire.replica.in_flight", self.in_flight, attribute="rollwire.replica_id",
                         unit="{request}", description="requests open on each replica, from this router")
 
@@ -173,32 +171,11 @@ class Router:
 
     def follow(self, log: EventLog, topics: Topics, poll_s: float = 0.5) -> Router:
         """Keeps the fleet view current from the `fleet` topic, in a background thread."""
-        ready = threading.Event()
-        reader = log.reader([topics.fleet], Beginning())
-        codec = Codec()
-
-        def run() -> None:
-            try:
-                while not self._stop.is_set():
-                    records = reader.poll_batch(500, poll_s)
-                    for record in records:
-                        if record.value is None:
-                            continue
-                        try:
-                            event = codec.decode(record.value).event
-                        except Exception as exc:  # the fleet's writers dead-letter nothing; skip and say so
-                            logger.warning("fleet record %s@%s does not decode: %s", record.topic, record.offset, exc)
-                            continue
-                        if isinstance(event, ReplicaStatus):
-                            self.fleet.apply(event)
-                    if not records:
-                        ready.set()
-            finally:
-                reader.close()
-
-        self._follower = threading.Thread(target=run, name="fleet-follower", daemon=True)
-        self._follower.start()
-        ready.wait(timeout=10.0)
+        def take(event) -> None:
+            if isinstance(event, ReplicaStatus):
+                self.fleet.apply(event)
+        self._follower = Follower(log, [topics.fleet], take, name="fleet-follower", poll_s=poll_s)
+        self._follower.wait()
         return self
 
     def route(self, prefer: tuple[int, str] | None = None) -> RolloutRoute:
@@ -232,9 +209,8 @@ class Router:
             member.in_flight -= 1
 
     def close(self) -> None:
-        self._stop.set()
         if self._follower is not None:
-            self._follower.join(timeout=5.0)
+            self._follower.close()
         self.fleet.close()
 
 

@@ -112,17 +112,23 @@ class Tracker(Protocol):
     def close(self) -> None: ...
 
 
+def _require(module: str, extra: str, what: str):
+    """Imports `module` for a tracker, or says which extra installs it."""
+    import importlib
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ConfigError(f"report_to {what!r} needs {module.split('.')[0]}: pip install 'rollwire[{extra}]'") from exc
+
+
 class TensorBoardTracker:
     name = "tensorboard"
 
     def __init__(self, settings: TensorBoardSettings, run_name: str) -> None:
         if settings.log_dir is None:
             raise ConfigError("telemetry.tensorboard.log_dir is not set: give the folder for the event files")
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError as exc:
-            raise ConfigError("report_to 'tensorboard' needs the tensorboard package: "
-                              "pip install 'rollwire[tensorboard]'") from exc
+        _require("tensorboard", "tensorboard", "tensorboard")
+        from torch.utils.tensorboard import SummaryWriter
         self.writer = SummaryWriter(log_dir=str(settings.log_dir), flush_secs=10)
 
     def log(self, step: int, values: dict[str, float], time_ms: int) -> None:
@@ -139,11 +145,9 @@ class MLflowTracker:
     name = "mlflow"
 
     def __init__(self, settings: MLflowSettings, run_name: str, params: dict[str, Any]) -> None:
-        try:
-            from mlflow.entities import Metric, Param
-            from mlflow.tracking import MlflowClient
-        except ImportError as exc:
-            raise ConfigError("report_to 'mlflow' needs the MLflow client: pip install 'rollwire[mlflow]'") from exc
+        entities = _require("mlflow.entities", "mlflow", "mlflow")
+        from mlflow.tracking import MlflowClient
+        Metric, Param = entities.Metric, entities.Param
         self._metric = Metric
         self.client = MlflowClient(tracking_uri=settings.tracking_uri)
         experiment = self.client.get_experiment_by_name(settings.experiment)
@@ -173,10 +177,7 @@ class WandbTracker:
     name = "wandb"
 
     def __init__(self, settings: WandbSettings, run_name: str, params: dict[str, Any]) -> None:
-        try:
-            import wandb
-        except ImportError as exc:
-            raise ConfigError("report_to 'wandb' needs wandb: pip install 'rollwire[wandb]'") from exc
+        wandb = _require("wandb", "wandb", "wandb")
         run_id = hashlib.sha256(run_name.encode()).hexdigest()[:16]
         self.run = wandb.init(project=settings.project, entity=settings.entity, name=run_name, id=run_id,
                               resume="allow", config=params)
@@ -192,11 +193,7 @@ class TrackioTracker:
     name = "trackio"
 
     def __init__(self, settings: TrackioSettings, run_name: str, params: dict[str, Any]) -> None:
-        try:
-            import trackio
-        except ImportError as exc:
-            raise ConfigError("report_to 'trackio' needs trackio: pip install 'rollwire[trackio]'") from exc
-        self.trackio = trackio
+        self.trackio = trackio = _require("trackio", "trackio", "trackio")
         self.run = trackio.init(project=settings.project, name=run_name, config=params, resume="allow")
 
     def log(self, step: int, values: dict[str, float], time_ms: int) -> None:

@@ -20,9 +20,8 @@ from __future__ import annotations
 import logging
 import threading
 
-from rollwire.bus import Beginning, EventLog
+from rollwire.bus import EventLog, Follower
 from rollwire.objectstore import ObjectStore
-from rollwire.schemas.envelope import Codec
 from rollwire.schemas.topics import Topics
 from rollwire.schemas.weights import ReplicaStatus, ServingDecision
 from rollwire.trainer.settings import RetentionSettings
@@ -39,44 +38,27 @@ class InUse:
         self._serving: dict[str, int] = {}
         self._decided: set[int] = set()
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._reader = log.reader([topics.fleet, topics.serving], Beginning())
-        self._caught_up = threading.Event()
-        self._thread = threading.Thread(target=self._follow, args=(poll_s,), name="versions-in-use", daemon=True)
-        self._thread.start()
+        self._follower = Follower(log, [topics.fleet, topics.serving], self._take, name="versions-in-use",
+                                  poll_s=poll_s)
 
-    def _follow(self, poll_s: float) -> None:
-        codec = Codec()
-        try:
-            while not self._stop.is_set():
-                records = self._reader.poll_batch(1000, poll_s)
-                for record in records:
-                    try:
-                        event = codec.decode(record.value).event if record.value is not None else None
-                    except Exception:  # the replicas and the gateway dead-letter what they cannot read
-                        continue
-                    with self._lock:
-                        if isinstance(event, ReplicaStatus):
-                            if event.state in ("stopped",) or event.serving_version is None:
-                                self._serving.pop(event.replica_id, None)
-                            else:
-                                self._serving[event.replica_id] = event.serving_version
-                        elif isinstance(event, ServingDecision) and event.policy == self.policy:
-                            self._decided |= {v.version for v in (event.stable, event.canary) if v is not None}
-                if not records:
-                    self._caught_up.set()
-        finally:
-            self._reader.close()
+    def _take(self, event) -> None:
+        with self._lock:
+            if isinstance(event, ReplicaStatus):
+                if event.state == "stopped" or event.serving_version is None:
+                    self._serving.pop(event.replica_id, None)
+                else:
+                    self._serving[event.replica_id] = event.serving_version
+            elif isinstance(event, ServingDecision) and event.policy == self.policy:
+                self._decided |= {v.version for v in (event.stable, event.canary) if v is not None}
 
     def versions(self, wait_s: float = 10.0) -> set[int]:
         """Every version in use now (after the first catch-up, waited for up to `wait_s`)."""
-        self._caught_up.wait(wait_s)
+        self._follower.wait(wait_s)
         with self._lock:
             return set(self._serving.values()) | self._decided
 
     def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5.0)
+        self._follower.close()
 
 
 def apply_retention(store: ObjectStore, policy: str, settings: RetentionSettings, newest: int,

@@ -18,6 +18,7 @@ from rollwire.bus.events import (
     Delivery,
     EventConsumer,
     EventProducer,
+    Follower,
     HeldDeadLetters,
     read_to_end,
     records_to_end,
@@ -33,6 +34,6 @@ from rollwire.bus.settings import (
 __all__ = [
     "AtOffsets", "AtTime", "Beginning", "BusError", "CommitFailedError", "Consumer", "DeadLetters", "HeldDeadLetters",
     "BusSettings", "Delivery", "DeliveryError", "EmbeddedBusSettings", "EventConsumer", "EventLog",
-    "EventProducer", "KafkaBusSettings", "Producer", "Record", "StartAt", "TopicConfig", "TopicError",
+    "EventProducer", "Follower", "KafkaBusSettings", "Producer", "Record", "StartAt", "TopicConfig", "TopicError",
     "catalog_topics", "open_log", "read_to_end", "records_to_end",
 ]

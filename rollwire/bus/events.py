@@ -8,6 +8,8 @@
                                            ── for a valid event the component cannot use
     read_to_end(log, topics, dead_letters) ── every event on `topics` up to their end offsets
                                               when called (not "until a poll comes back empty")
+    Follower(log, topics, on_event)        ── a view kept current: every event from the beginning,
+                                              then each new one, handed over in a background thread
 
 A consumer never stops for one bad record. `EventConsumer.commit` flushes the dead letters
 before committing, so a record is never committed past without being either handled or kept.
@@ -16,7 +18,8 @@ before committing, so a record is never committed past without being either hand
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -265,3 +268,47 @@ def read_to_end(log: EventLog, topics: Sequence[str], dead_letters: DeadLetters,
         delivery = decoded(record, codec, dead_letters)
         if delivery is not None:
             yield delivery
+
+
+class Follower:
+    """Hands every event on `topics` to `on_event`, from the beginning and then as they come, in a
+    background thread: the way a component keeps a small view of the log current (the fleet, the
+    serving decisions). A record that does not decode is logged and skipped (the topic's own
+    consumers dead-letter it); the view goes on. `caught_up` is set once a poll finds nothing new."""
+
+    def __init__(self, log: EventLog, topics: Sequence[str], on_event: Callable[[Event], None], *, name: str,
+                 poll_s: float = 0.5) -> None:
+        from rollwire.bus.base import Beginning
+        self.caught_up = threading.Event()
+        self._stop = threading.Event()
+        self._reader = log.reader(list(topics), Beginning())
+        self._on_event, self._poll_s = on_event, poll_s
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        codec = Codec()
+        try:
+            while not self._stop.is_set():
+                records = self._reader.poll_batch(1000, self._poll_s)
+                for record in records:
+                    if record.value is None:
+                        continue
+                    try:
+                        event = codec.decode(record.value).event
+                    except SchemaError as exc:
+                        logger.warning("%s@%s does not decode: %s", record.topic, record.offset, exc)
+                        continue
+                    self._on_event(event)
+                if not records:
+                    self.caught_up.set()
+        finally:
+            self._reader.close()
+
+    def wait(self, timeout_s: float = 10.0) -> bool:
+        """Waits until everything there was at start has been handed over (up to `timeout_s`)."""
+        return self.caught_up.wait(timeout_s)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5.0)

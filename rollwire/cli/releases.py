@@ -50,29 +50,26 @@ def add_rollback(sub) -> None:
     rollback.set_defaults(run=cmd_rollback)
 
 
-def cmd_promote(args: argparse.Namespace) -> int:
+def _decide(args: argparse.Namespace, decide) -> int:
+    """Opens the log and the store, makes the decision (`promote` or `rollback`), prints it."""
     from rollwire.bus import catalog_topics, open_log
     from rollwire.objectstore import open_store
-    from rollwire.producers.releases import describe, promote
+    from rollwire.producers.releases import describe
     from rollwire.schemas.topics import Topics
     topics = Topics(args.prefix)
     with open_log(bus_settings(args)) as log:
         log.create_topics(catalog_topics(topics))
-        decision = promote(log, topics, open_store(store_settings(args)), policy=args.policy, version=args.version,
-                           canary_share=args.canary, decided_by=args.by, note=args.note)
+        decision = decide(log, topics, open_store(store_settings(args)), policy=args.policy, version=args.version,
+                          decided_by=args.by, note=args.note)
     print(describe(decision))
     return 0
+
+
+def cmd_promote(args: argparse.Namespace) -> int:
+    from rollwire.producers.releases import promote
+    return _decide(args, lambda *a, **kw: promote(*a, canary_share=args.canary, **kw))
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    from rollwire.bus import catalog_topics, open_log
-    from rollwire.objectstore import open_store
-    from rollwire.producers.releases import describe, rollback
-    from rollwire.schemas.topics import Topics
-    topics = Topics(args.prefix)
-    with open_log(bus_settings(args)) as log:
-        log.create_topics(catalog_topics(topics))
-        decision = rollback(log, topics, open_store(store_settings(args)), policy=args.policy, version=args.version,
-                            decided_by=args.by, note=args.note, force=args.force)
-    print(describe(decision))
-    return 0
+    from rollwire.producers.releases import rollback
+    return _decide(args, lambda *a, **kw: rollback(*a, force=args.force, **kw))
