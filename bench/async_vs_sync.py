@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 from hops import step_hops, table
-from recipes import env_bound_recipe
+from env_bound import env_bound_recipe
 from rich.console import Console
 
 from rollwire.bus import EmbeddedBusSettings, open_log

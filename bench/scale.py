@@ -34,7 +34,7 @@ from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from recipes import env_bound_recipe  # noqa: E402
+from env_bound import env_bound_recipe  # noqa: E402
 
 from rollwire.run.recipe import load_recipe  # noqa: E402
 from rollwire.run.runner import run  # noqa: E402
