@@ -39,8 +39,8 @@ import threading
 import time
 from pathlib import Path
 
-from hops import step_hops, table
 from env_bound import env_bound_recipe
+from hops import step_hops, table
 from rich.console import Console
 
 from rollwire.bus import EmbeddedBusSettings, open_log
