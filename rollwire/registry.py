@@ -35,8 +35,13 @@ T = TypeVar("T")
 
 
 def closest(name: str, choices: Iterable[str]) -> str | None:
-    """The choice most like `name`, if one is close enough to be a likely typo."""
-    found = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    """The choice most like `name`, if one is close enough to be a likely typo; a choice that `name`
+    begins (`ppo` for `ppo_clip`) before one merely spelled alike (`ipo`)."""
+    choices = list(choices)
+    prefixed = sorted(c for c in choices if c.startswith(name) and name)
+    if prefixed:
+        return prefixed[0]
+    found = difflib.get_close_matches(name, choices, n=1, cutoff=0.6)
     return found[0] if found else None
 
 

@@ -121,7 +121,8 @@ def test_dpo_pushes_the_chosen_response_up_against_the_rejected_one_from_the_ref
 
 
 def test_loss_names_and_parameters_are_checked_before_anything_is_built():
-    with pytest.raises(ConfigError, match="unknown loss 'ppo'; valid: dppo_mask, ipo, nll, ppo_clip, reinforce, reverse_kl"):
+    with pytest.raises(ConfigError, match="unknown loss 'ppo'; valid: dppo_mask, ipo, nll, ppo_clip, reinforce, "
+                                          "reverse_kl .did you mean 'ppo_clip'"):
         losses.check("ppo", {})
     with pytest.raises(ConfigError, match="no parameter 'eps' .*it takes eps_low, eps_high"):
         losses.check("ppo_clip", {"eps": 0.1})
