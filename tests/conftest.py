@@ -36,45 +36,41 @@ def _deploy_module(name: str, path: str):
     return module
 
 
-def _broker_module():
-    return _deploy_module("rollwire_local_broker", "deploy/kafka/broker.py")
+def _session_service(folder: Path, *, external: str, script: str, error: str, what: str,
+                     address: str) -> Iterator[str]:
+    """A real service for the whole session, from a stdlib-only script under deploy/ (its `start(folder)`
+    and `stop(info)`): the address `external` names in the environment if set, else one started here
+    and stopped by its PID at the end. A service that cannot start fails its tests with the reason,
+    never skips them."""
+    if os.environ.get(external):
+        yield os.environ[external]
+        return
+    module = _deploy_module(f"rollwire_{Path(script).stem}", script)
+    try:
+        info = module.start(folder)
+    except getattr(module, error) as exc:
+        pytest.fail(f"could not start {what}: {exc}", pytrace=False)
+    try:
+        yield getattr(info, address)
+    finally:
+        module.stop(info)
 
 
 @pytest.fixture(scope="session")
 def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Bootstrap address of a real Kafka broker for the whole session."""
-    external = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
-    if external:
-        yield external
-        return
-    broker = _broker_module()
-    try:
-        info = broker.start(tmp_path_factory.mktemp("kafka-broker"))
-    except broker.BrokerError as exc:
-        pytest.fail(f"could not start the Kafka broker for the kafka tests: {exc}", pytrace=False)
-    try:
-        yield info.bootstrap
-    finally:
-        broker.stop(info)
+    """Bootstrap address of a real Kafka broker for the whole session (`KAFKA_BOOTSTRAP_SERVERS`: that one)."""
+    yield from _session_service(tmp_path_factory.mktemp("kafka-broker"), external="KAFKA_BOOTSTRAP_SERVERS",
+                                script="deploy/kafka/broker.py", error="BrokerError",
+                                what="the Kafka broker for the kafka tests", address="bootstrap")
 
 
 @pytest.fixture(scope="session")
 def mlflow_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real MLflow tracking server for the session (`deploy/mlflow/server.py`: installed once into
     `.cache/mlflow`, about 2 minutes the first time). With `MLFLOW_TEST_URL` set, that server is used."""
-    external = os.environ.get("MLFLOW_TEST_URL")
-    if external:
-        yield external
-        return
-    server = _deploy_module("rollwire_mlflow_server", "deploy/mlflow/server.py")
-    try:
-        info = server.start(tmp_path_factory.mktemp("mlflow-server"))
-    except server.ServerError as exc:
-        pytest.fail(f"could not start the MLflow server for the mlflow tests: {exc}", pytrace=False)
-    try:
-        yield info.url
-    finally:
-        server.stop(info)
+    yield from _session_service(tmp_path_factory.mktemp("mlflow-server"), external="MLFLOW_TEST_URL",
+                                script="deploy/mlflow/server.py", error="ServerError",
+                                what="the MLflow server for the mlflow tests", address="url")
 
 
 @pytest.fixture(params=["embedded", pytest.param("kafka", marks=pytest.mark.kafka)])

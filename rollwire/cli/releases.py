@@ -22,30 +22,34 @@ def _common(parser: argparse.ArgumentParser) -> None:
     add_bus_options(parser)
 
 
+def _decision_parser(sub, name: str, *, help: str, description: str, epilog: str) -> argparse.ArgumentParser:
+    """A command that makes one serving decision: its text, then the options every decision takes."""
+    parser = sub.add_parser(name, help=help, description=description + "\n\n" + FLOW, epilog=epilog,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common(parser)
+    return parser
+
+
 def add_promote(sub) -> None:
-    promote = sub.add_parser(
-        "promote", help="make a weight version serve production, or put it on trial as a canary",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    promote = _decision_parser(
+        sub, "promote", help="make a weight version serve production, or put it on trial as a canary",
         description="Makes VERSION the stable version production serves, or with --canary SHARE sends that\n"
-                    "share of requests to it beside the stable version.\n\n" + FLOW,
+                    "share of requests to it beside the stable version.",
         epilog="examples:\n"
                "  rollwire promote 14 --store-dir runs/demo/weights --log-dir runs/demo/log --prefix demo\n"
                "  rollwire promote 15 --canary 0.1 --note \"reward +0.03 offline\"   # 10% of requests\n"
                "  rollwire promote 15                                         # the canary did well")
-    _common(promote)
     promote.add_argument("--canary", type=float, metavar="SHARE", help="share of requests for VERSION, in (0, 1); "
                          "the stable version keeps the rest")
     promote.set_defaults(run=cmd_promote)
 
 
 def add_rollback(sub) -> None:
-    rollback = sub.add_parser(
-        "rollback", help="serve an earlier verified weight version again, without restarting anything",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    rollback = _decision_parser(
+        sub, "rollback", help="serve an earlier verified weight version again, without restarting anything",
         description="Makes VERSION the stable version again and withdraws any canary. VERSION must have been\n"
-                    "stable before (a verified version); --force serves one that never was.\n\n" + FLOW,
+                    "stable before (a verified version); --force serves one that never was.",
         epilog="example:\n  rollwire rollback 14 --note \"v15 repeats itself\" --bus kafka --prefix prod --store s3")
-    _common(rollback)
     rollback.add_argument("--force", action="store_true", help="roll back to a version that was never stable")
     rollback.set_defaults(run=cmd_rollback)
 
