@@ -4,7 +4,7 @@ the loop holds, over `--minutes` of `rollwire run` (the demo recipe, or RECIPE).
     python bench/soak.py [RECIPE] [--minutes 20] [--warmup-minutes 5] [--every 10] [--bus kafka]
 
 Every `--every` seconds it samples every process of the run (each component, and the vLLM server
-under the replica): RSS and open file descriptors. After the warm-up, growth is fitted by least
+under each replica with its engine processes): RSS and open file descriptors. After the warm-up, growth is fitted by least
 squares and reported per hour, as a share of the component's size after warm-up (the goal: under
 5% an hour). The rate: trainer steps and trained rollouts per minute in the last quarter of the
 run against the first quarter after warm-up, measured in the same run (1.0 = held). The run is
@@ -14,6 +14,7 @@ stopped as Ctrl-C would stop it at the end. The last line is `RESULT ...`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -27,21 +28,34 @@ from pathlib import Path
 import psutil
 
 
-def components(run: psutil.Process) -> dict[str, psutil.Process]:
-    """The run's processes by name: `role-index` for components, `vllm` for the inference server."""
-    found = {}
+def components(run: psutil.Process) -> dict[str, list[psutil.Process]]:
+    """The run's processes by name: `role-index` for components, `vllm-index` for replica index's
+    inference server with its engine processes (one vLLM is several: API server, engine, workers)."""
+    found: dict[str, list[psutil.Process]] = {}
     for child in run.children(recursive=True):
         try:
             cmdline = child.cmdline()
         except psutil.Error:
             continue
-        if "rollwire.run.roles" in cmdline:
-            role = cmdline[cmdline.index("rollwire.run.roles") + 1]
-            index = cmdline[cmdline.index("--index") + 1] if "--index" in cmdline else "0"
-            found[f"{role}-{index}"] = child
-        elif any("vllm" in part for part in cmdline[:3]) and "serve" in cmdline:
-            found["vllm"] = child
+        if "rollwire.run.roles" not in cmdline:
+            continue
+        role = cmdline[cmdline.index("rollwire.run.roles") + 1]
+        index = cmdline[cmdline.index("--index") + 1] if "--index" in cmdline else "0"
+        found[f"{role}-{index}"] = [child]
+        if role == "replica":
+            with contextlib.suppress(psutil.Error):
+                found[f"vllm-{index}"] = child.children(recursive=True)
     return found
+
+
+def usage(processes: list[psutil.Process]) -> tuple[float, int]:
+    """Resident MB and open file descriptors, summed over `processes`."""
+    rss, fds = 0.0, 0
+    for proc in processes:
+        with contextlib.suppress(psutil.Error):
+            rss += proc.memory_info().rss / 2**20
+            fds += proc.num_fds()
+    return rss, fds
 
 
 def slope_per_hour(points: list[tuple[float, float]]) -> float:
@@ -72,7 +86,8 @@ def main() -> None:
     command = [sys.executable, "-m", "rollwire", "run", *([args.recipe] if args.recipe else []),
                "--run-dir", str(folder / "run"), "--steps", "100000", *bus_args]
     run = subprocess.Popen(command, stdout=open(folder / "run.out", "w"), stderr=subprocess.STDOUT,
-                           env={**os.environ, "COLUMNS": "200"})
+                           env={**os.environ, "COLUMNS": "200"},  # SIGINT is Ctrl-C to it, even from a background job
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     samples: dict[str, list[tuple[float, float, int]]] = defaultdict(list)  # name -> (t, rss MB, fds)
     started = time.monotonic()
     metrics = folder / "run" / "metrics.jsonl"
@@ -86,11 +101,10 @@ def main() -> None:
         while (elapsed := time.monotonic() - started) < args.minutes * 60:
             if run.poll() is not None:
                 raise SystemExit(f"rollwire run ended after {elapsed:.0f} s; see {folder / 'run.out'}")
-            for name, proc in components(parent).items():
-                try:
-                    samples[name].append((elapsed, proc.memory_info().rss / 2**20, proc.num_fds()))
-                except psutil.Error:
-                    continue
+            for name, processes in components(parent).items():
+                rss, fds = usage(processes)
+                if rss:
+                    samples[name].append((elapsed, rss, fds))
             time.sleep(args.every)
     finally:
         run.send_signal(signal.SIGINT)

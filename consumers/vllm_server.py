@@ -115,7 +115,10 @@ class VllmServer:
         return args + s.extra_args
 
     def start(self) -> None:
-        """Starts the server and returns once `/health` answers."""
+        """Starts the server and returns once `/health` answers. A server that died before (a
+        restart) may have left engine processes holding memory: they are ended first."""
+        self._end_stragglers()
+        self._wait_for_free_port()
         env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": str(self.settings.kv_cache_gib)}
         if self.settings.enable_lora:
             env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
@@ -136,12 +139,28 @@ class VllmServer:
         raise VllmServerError(f"vLLM did not become healthy within {self.settings.startup_timeout_s:.0f} s"
                               f"{self._log_tail()}")
 
+    def _wait_for_free_port(self, timeout_s: float = 60.0) -> None:
+        """A server of ours killed with its supervisor may still be shutting down on this port."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with socket.socket() as probe:
+                probe.settimeout(1.0)
+                if probe.connect_ex((self.settings.host, self.port)) != 0:
+                    return
+            if time.monotonic() > deadline:
+                raise VllmServerError(f"something still listens on {self.settings.host}:{self.port} after "
+                                      f"{timeout_s:.0f} s: stop it, or give this server another port")
+            time.sleep(0.5)
+
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """SIGTERM to the server's process group, then SIGKILL after `timeout_s`."""
-        if self.process is None or self.process.poll() is not None:
+        if self.process is None:
+            return
+        if self.process.poll() is not None:
+            self._end_stragglers()
             return
         group = os.getpgid(self.process.pid)
         os.killpg(group, signal.SIGTERM)
@@ -150,9 +169,16 @@ class VllmServer:
         except subprocess.TimeoutExpired:
             os.killpg(group, signal.SIGKILL)
             self.process.wait()
-        try:  # engine workers may outlive the API process for a moment
-            os.killpg(group, signal.SIGKILL)
-        except ProcessLookupError:
+        self._end_stragglers()
+
+    def _end_stragglers(self) -> None:
+        """SIGKILL to what is left of the server's process group (engine workers outlive a killed
+        API process)."""
+        if self.process is None:
+            return
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)  # its own session: the group id is its pid
+        except (ProcessLookupError, PermissionError):
             pass
 
     def _log_tail(self, lines: int = 30) -> str:

@@ -115,6 +115,11 @@ class EnvWorkerSettings(BaseModel):
     """Up to this long, a generation request waits for others to go to the fleet with it as one
     batch (`InferenceGate`); 0 sends each at once. Worth tens of milliseconds when the inference
     server is CPU-bound and environments are slow: spread-out requests cost it far more per token."""
+    max_rollout_tokens: int = Field(default=32768, ge=2)
+    """Most tokens one sequence of a rollout may hold (a call's prompt with its completion): each
+    call's `max_tokens` is cut to fit, and a call whose prompt alone fills it is refused; the rollout
+    is then published errored (`too_long`) and the scorer drops it, counted. Keeps what the trainer
+    must hold in memory per sample bounded whatever an agent does."""
     rollout_timeout_s: float = Field(default=120.0, gt=0)
     """A rollout still running after this long is published errored (`timeout`)."""
     runtime: Literal["in-process", "subprocess"] = "in-process"
@@ -332,7 +337,8 @@ class EnvWorker:
             return rollout.model_copy(update={"traceparent": telemetry.current_traceparent()}), trace
 
     def _rollout(self, task: TaskAssigned, taskset: Taskset, index: int) -> tuple[RolloutCompleted, TraceRecorded]:
-        interceptor = Interceptor(self.router.route(), task.sampling, model=self.model, gate=self.inference_gate)
+        interceptor = Interceptor(self.router.route(), task.sampling, model=self.model, gate=self.inference_gate,
+                                  max_sequence_tokens=self.settings.max_rollout_tokens)
         started = time.perf_counter()
         if self._delay is not None:
             with self._lock:
@@ -345,9 +351,11 @@ class EnvWorker:
                 answer = self.runtime.run(taskset.harness, task.task, interceptor,
                                           timeout_s=self.settings.rollout_timeout_s)
         except Exception as exc:  # harness code is user code: report it on the rollout
-            kind = ("inference" if isinstance(exc, VllmError) else
+            kind = ("too_long" if interceptor.too_long else "inference" if isinstance(exc, VllmError) else
                     "timeout" if isinstance(exc, HarnessTimeout) else "harness_crash")
             return self._errored(task, index, kind, f"{type(exc).__name__}: {exc}")
+        if interceptor.too_long:  # the harness caught the refusal and went on: still over the limit
+            return self._errored(task, index, "too_long", interceptor.too_long)
         ran = time.perf_counter() - started
         record = assemble(interceptor.calls)
         judged_at = time.perf_counter()

@@ -77,14 +77,24 @@ class InferenceGate:
             self._cond.notify_all()
 
 
+class RolloutTooLong(RuntimeError):
+    """A call's prompt alone fills the rollout's token budget (`max_sequence_tokens`)."""
+
+
 class Interceptor:
     """Records one rollout's calls; give each rollout its own."""
 
     def __init__(self, control: VllmControl, sampling: SamplingParams, *, model: str | None = None,
-                 gate: InferenceGate | None = None) -> None:
+                 gate: InferenceGate | None = None, max_sequence_tokens: int | None = None) -> None:
         self.control, self.sampling, self.model = control, sampling, model
         self.gate = gate or contextlib.nullcontext()
         """Held around each generation request: the worker's limit on requests in flight to the fleet."""
+        self.max_sequence_tokens = max_sequence_tokens
+        """Most tokens a call's prompt and completion may hold together (each sequence the rollout
+        trains on): `max_tokens` is cut to fit, and a prompt that fills it is refused."""
+        self.too_long: str | None = None
+        """Why a call was refused for length: the rollout is then errored (`too_long`), even when
+        the harness caught the error and went on."""
         self.calls: list[InferenceCall] = []
         self.finish_reason: str | None = None
         self.events: list[tuple[str, dict | int]] = []
@@ -121,10 +131,18 @@ class Interceptor:
 
     def complete_ids(self, prompt_ids: list[int], *, stop_token_ids: list[int] | None = None) -> str:
         """Samples a continuation of `prompt_ids`; records the call; returns the decoded text."""
+        max_tokens = self.sampling.max_tokens
+        if self.max_sequence_tokens is not None:
+            room = self.max_sequence_tokens - len(prompt_ids)
+            if room <= 0:
+                self.too_long = (f"a prompt of {len(prompt_ids)} tokens leaves no room under the rollout's "
+                                 f"limit of {self.max_sequence_tokens} tokens (env_workers.max_rollout_tokens)")
+                raise RolloutTooLong(self.too_long)
+            max_tokens = min(max_tokens, room)
         started = time.perf_counter()
         with telemetry.tracer().start_as_current_span("inference generate", kind=SpanKind.CLIENT) as span:
             with self.gate:
-                answer = self.control.generate(prompt_ids, max_tokens=self.sampling.max_tokens,
+                answer = self.control.generate(prompt_ids, max_tokens=max_tokens,
                                                temperature=self.sampling.temperature, model=self.model,
                                                stop_token_ids=stop_token_ids)
             choice = answer["choices"][0]

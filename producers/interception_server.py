@@ -18,7 +18,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from rollwire.producers.interception import Interceptor
+from rollwire.producers.interception import Interceptor, RolloutTooLong
 
 CHAT = ["v1", "chat", "completions"]
 COMPLETIONS = ["v1", "completions"]
@@ -107,6 +107,8 @@ class InterceptionServer:
                     return self._answer(400, {"error": {"message": f"not a {kind} request: {error}"}})
                 try:
                     text = interceptor.chat(body["messages"]) if chat else interceptor.complete(body["prompt"])
+                except RolloutTooLong as exc:  # the agent's conversation outgrew the rollout's limit
+                    return self._answer(400, {"error": {"message": str(exc), "code": "context_length_exceeded"}})
                 except Exception as exc:  # the fleet failed: tell the agent, as an API would
                     return self._answer(502, {"error": {"message": f"inference failed: {exc}"}})
                 finish = interceptor.finish_reason or "stop"

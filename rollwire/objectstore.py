@@ -10,9 +10,11 @@ is what checkpoint manifests are for (`rollwire.weight_versions`).
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -22,6 +24,11 @@ from urllib.parse import urlparse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rollwire.errors import ConfigError, RollwireError
+
+logger = logging.getLogger(__name__)
+
+_S3_BUSY = {"ServiceUnavailable", "SlowDown", "InternalError", "RequestTimeout"}
+"""S3 answers that mean "not now" (the server restarting, throttling), worth asking again."""
 
 
 class ObjectStoreError(RollwireError):
@@ -164,24 +171,46 @@ class S3Store(ObjectStore):
     """A bucket on an S3-compatible server, through the `minio` client."""
 
     def __init__(self, endpoint: str, bucket: str, *, access_key: str, secret_key: str, secure: bool = True,
-                 region: str | None = None, create_bucket: bool = True) -> None:
+                 region: str | None = None, create_bucket: bool = True, outage_s: float = 300.0) -> None:
         try:
             from minio import Minio
         except ImportError as exc:
             raise ConfigError("the S3 object store needs the `minio` package: pip install 'rollwire[objectstore]'") from exc
-        self.bucket = bucket
+        self.bucket, self.outage_s = bucket, outage_s
         self._client = Minio(endpoint, access_key=access_key, secret_key=secret_key, secure=secure, region=region)
-        if create_bucket and not self._client.bucket_exists(bucket):
-            self._client.make_bucket(bucket)
+        if create_bucket and not self._call("checking", "", self._client.bucket_exists, bucket):
+            self._call("creating", "", self._client.make_bucket, bucket)
 
     def _call(self, what: str, key: str, fn, *args, **kwargs):
+        """`fn(*args)`, asked again while the server cannot be reached or says it is busy, for up to
+        `outage_s` (every call here is idempotent: a put writes the same bytes to the same key)."""
         from minio.error import S3Error
-        try:
-            return fn(*args, **kwargs)
-        except S3Error as exc:
-            if exc.code in ("NoSuchKey", "NoSuchObject"):
-                raise ObjectNotFoundError(f"{self.uri(key)} does not exist") from exc
-            raise ObjectStoreError(f"{what} {self.uri(key)} failed: {exc.code}: {exc.message}") from exc
+        from urllib3.exceptions import HTTPError
+        deadline, delay, waited_since = time.monotonic() + self.outage_s, 0.5, None
+        while True:
+            try:
+                result = fn(*args, **kwargs)
+            except S3Error as exc:
+                if exc.code in ("NoSuchKey", "NoSuchObject"):
+                    raise ObjectNotFoundError(f"{self.uri(key)} does not exist") from exc
+                if exc.code not in _S3_BUSY or time.monotonic() + delay > deadline:
+                    raise ObjectStoreError(f"{what} {self.uri(key)} failed: {exc.code}: {exc.message}") from exc
+                why = f"{exc.code}: {exc.message}"
+            except (HTTPError, OSError) as exc:
+                if time.monotonic() + delay > deadline:
+                    raise ObjectStoreError(f"{what} {self.uri(key)} failed: the S3 server was unreachable for "
+                                           f"{self.outage_s:.0f} s ({type(exc).__name__}: {exc})") from exc
+                why = f"{type(exc).__name__}: {exc}"
+            else:
+                if waited_since is not None:
+                    logger.warning("the S3 server answers again after %.0f s", time.monotonic() - waited_since)
+                return result
+            if waited_since is None:
+                waited_since = time.monotonic()
+                logger.warning("%s %s: the S3 server cannot be reached (%s); asking again for up to %.0f s",
+                               what, self.uri(key), why, self.outage_s)
+            time.sleep(delay)
+            delay = min(2 * delay, 5.0)
 
     def put_file(self, key: str, path: Path) -> None:
         self._call("uploading", key, self._client.fput_object, self.bucket, _check_key(key), str(path))
@@ -223,7 +252,8 @@ class S3Store(ObjectStore):
             return False
 
     def list(self, prefix: str) -> list[str]:
-        objects = self._call("listing", prefix, self._client.list_objects, self.bucket, prefix=prefix, recursive=True)
+        objects = self._call("listing", prefix, lambda: list(self._client.list_objects(  # lazy: read it all here
+            self.bucket, prefix=prefix, recursive=True)))
         return sorted(o.object_name for o in objects)
 
     def delete(self, key: str) -> None:
@@ -274,6 +304,9 @@ class S3StoreSettings(BaseModel):
     """Use TLS (https)."""
     region: str | None = None
     """Bucket region, when the server needs one."""
+    outage_s: float = Field(default=300.0, gt=0)
+    """How long a request is asked again while the server cannot be reached or is busy (a
+    restart): a trainer's publish waits that long, then fails with the reason."""
 
     @model_validator(mode="before")
     @classmethod
@@ -311,5 +344,5 @@ def open_store(settings: LocalStoreSettings | S3StoreSettings) -> ObjectStore:
     if settings.type == "s3":
         access_key, secret_key = settings.credentials()
         return S3Store(settings.endpoint, settings.bucket, access_key=access_key, secret_key=secret_key,
-                       secure=settings.secure, region=settings.region)
+                       secure=settings.secure, region=settings.region, outage_s=settings.outage_s)
     return LocalStore(settings.root)

@@ -86,8 +86,9 @@ class RolloutTimings(Part):
 class RolloutError(Part):
     """Why a rollout has no usable result. Errored rollouts are published, counted, never trained."""
 
-    kind: Literal["harness_crash", "timeout", "inference", "reward", "invalid_task", "abandoned"]
-    """What failed; `abandoned`: the env worker stopped before the rollout finished."""
+    kind: Literal["harness_crash", "timeout", "inference", "reward", "invalid_task", "abandoned", "too_long"]
+    """What failed; `abandoned`: the env worker stopped before the rollout finished; `too_long`: a call
+    would have passed the env worker's `max_rollout_tokens`."""
     message: str
     """Human-readable reason, e.g. the exception text or the exit code."""
 

@@ -143,18 +143,36 @@ def start(run_dir: Path, cache: Path = DEFAULT_CACHE, heap: str = "512m") -> Bro
     port, controller_port = _free_port(), _free_port()
     props = run_dir / "server.properties"
     props.write_text(_server_properties(run_dir, port, controller_port))
-    classpath = f"{libs}/*"
-    java = ["java", f"-Xmx{heap}", f"-Xms{heap}", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
-            "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={HERE / 'log4j2.properties'}",
-            "-cp", classpath]
+    java = _java(libs, heap)
     fmt = subprocess.run(java + ["kafka.tools.StorageTool", "format", "--standalone",
                                  "-t", uuid.uuid4().hex[:22], "-c", str(props)],
                          capture_output=True, text=True)
     if fmt.returncode != 0:
         raise BrokerError(f"formatting Kafka storage failed:\n{fmt.stdout}{fmt.stderr}")
+    return _launch(java, run_dir, port)
+
+
+def start_again(run_dir: Path, cache: Path = DEFAULT_CACHE, heap: str = "512m") -> BrokerInfo:
+    """Starts a stopped broker again on its storage in `run_dir`, on the same ports (its clients
+    reconnect to the address they know): a broker restart, for fault tests."""
+    props = run_dir / "server.properties"
+    if not props.exists():
+        raise BrokerError(f"no server.properties in {run_dir}: start a broker there first")
+    port = int(next(line for line in props.read_text().splitlines()
+                    if line.startswith("advertised.listeners=")).rsplit(":", 1)[1])
+    return _launch(_java(libs_dir(cache), heap), run_dir, port)
+
+
+def _java(libs: Path, heap: str) -> list[str]:
+    return ["java", f"-Xmx{heap}", f"-Xms{heap}", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+            "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={HERE / 'log4j2.properties'}",
+            "-cp", f"{libs}/*"]
+
+
+def _launch(java: list[str], run_dir: Path, port: int) -> BrokerInfo:
     log = run_dir / "broker.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(java + ["kafka.Kafka", str(props)], stdout=out,
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(java + ["kafka.Kafka", str(run_dir / "server.properties")], stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     _wait_for_port(port, proc, log, STARTUP_TIMEOUT_S)
     info = BrokerInfo(pid=proc.pid, bootstrap=f"127.0.0.1:{port}", run_dir=str(run_dir))

@@ -93,8 +93,10 @@ class Producer(ABC):
         partition of `key` when None. Raises `TopicError` for an unknown topic."""
 
     @abstractmethod
-    def flush(self, timeout_s: float = 30.0) -> None:
-        """Waits for all queued records; raises `DeliveryError` naming every record that failed."""
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Waits for all queued records; raises `DeliveryError` naming every record that failed.
+        `None` waits as long as the log keeps an unsent record (Kafka: while the cluster is away,
+        up to the bus's `outage_s`)."""
 
     @abstractmethod
     def close(self) -> None:

@@ -130,7 +130,7 @@ class EmbeddedProducer(Producer):
                     f"{meta.max_message_bytes}")
         return None
 
-    def flush(self, timeout_s: float = 30.0) -> None:
+    def flush(self, timeout_s: float | None = None) -> None:
         self._write_buffer()
         with self._lock:
             failures, self._failures = self._failures, []

@@ -104,7 +104,7 @@ class EventProducer:
             raise ConfigError(f"tombstones only make sense on compacted topics, not {topic}")
         self._producer.send(topic, None, key=key.encode() if isinstance(key, str) else key, partition=partition)
 
-    def flush(self, timeout_s: float = 30.0) -> None:
+    def flush(self, timeout_s: float | None = None) -> None:
         self._producer.flush(timeout_s)
 
     def close(self) -> None:

@@ -4,6 +4,12 @@ Producers are idempotent (acks=all, ordered retries without duplicates) and part
 murmur2 like the Java client and the embedded log. Consumers never auto-commit and read with
 `isolation.level=read_committed`. librdkafka's own log lines go to the `rollwire.bus.kafka`
 logger. Library exceptions are turned into `rollwire.bus.errors` types at this boundary.
+
+A cluster that goes away for a while (a broker restart, a network cut) is waited for, up to
+`outage_s`: producers keep what they could not send (librdkafka retries it, in order and without
+duplicates, for `message.timeout.ms` = `outage_s`), and metadata requests, commits and topic
+creation are asked again. Past `outage_s` the error is raised, so a cluster that is really gone
+still ends the process with a message.
 """
 
 from __future__ import annotations
@@ -38,12 +44,48 @@ logger = logging.getLogger(__name__)
 _FENCED = {KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID, KafkaError.REBALANCE_IN_PROGRESS,
            KafkaError.FENCED_INSTANCE_ID}
 _SEND_RETRIES = 50
+DEFAULT_OUTAGE_S = 300.0
+
+_UNREACHABLE = {KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT, KafkaError._WAIT_COORD,
+                KafkaError._RESOLVE, KafkaError.NETWORK_EXCEPTION, KafkaError.REQUEST_TIMED_OUT,
+                KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR,
+                KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.NOT_CONTROLLER}
+"""Answers that mean the cluster (or the part of it a request needs) cannot be reached right now."""
 
 
-def _topic_exists(client: Any, topic: str, timeout_s: float = 10.0) -> int:
-    """Partition count of `topic`, from cluster metadata; raises `TopicError` when absent."""
+def unreachable(err: KafkaError) -> bool:
+    """Whether `err` says the cluster is away for now (worth waiting for), not that the request is wrong."""
+    return err.code() in _UNREACHABLE or (err.retriable() and not err.fatal())
+
+
+def patiently(what: str, call: Any, wait_s: float) -> Any:
+    """`call()`, asked again while the cluster is unreachable, for up to `wait_s` seconds. Logs once
+    when it starts waiting and once when the cluster answers again; other errors pass through."""
+    deadline, delay, waited_since = time.monotonic() + wait_s, 0.25, None
+    while True:
+        try:
+            result = call()
+        except KafkaException as exc:
+            err = exc.args[0]
+            if not isinstance(err, KafkaError) or not unreachable(err) or time.monotonic() + delay > deadline:
+                raise
+            if waited_since is None:
+                waited_since = time.monotonic()
+                logger.warning("%s: the Kafka cluster cannot be reached (%s); waiting up to %.0f s for it",
+                               what, err.str(), wait_s)
+            time.sleep(delay)
+            delay = min(2 * delay, 5.0)
+            continue
+        if waited_since is not None:
+            logger.warning("%s: the Kafka cluster answers again after %.0f s", what, time.monotonic() - waited_since)
+        return result
+
+
+def _topic_exists(client: Any, topic: str, wait_s: float = DEFAULT_OUTAGE_S) -> int:
+    """Partition count of `topic`, from cluster metadata; raises `TopicError` when absent (or when
+    the cluster stayed unreachable for `wait_s`)."""
     try:
-        meta = client.list_topics(topic=topic, timeout=timeout_s)
+        meta = patiently(f"metadata of {topic}", lambda: client.list_topics(topic=topic, timeout=10.0), wait_s)
     except KafkaException as exc:
         raise TopicError(f"could not read metadata for {topic!r}: {exc}") from exc
     info = meta.topics.get(topic)
@@ -54,17 +96,19 @@ def _topic_exists(client: Any, topic: str, timeout_s: float = 10.0) -> int:
 
 
 class KafkaProducer(Producer):
-    def __init__(self, config: dict[str, Any]) -> None:
+    def __init__(self, config: dict[str, Any], outage_s: float = DEFAULT_OUTAGE_S) -> None:
         self._producer = confluent_kafka.Producer({
-            "enable.idempotence": True,
+            "enable.idempotence": True,  # implies acks=all and ordered retries without duplicates
             "partitioner": "murmur2_random",
             "linger.ms": 5,
             "compression.type": "lz4",
-            "message.timeout.ms": 60000,
+            "message.timeout.ms": int(outage_s * 1000),  # how long an unsent record is kept and retried
             "message.max.bytes": 64 * 1024 * 1024,  # topics' max.message.bytes is the real limit
             "logger": logger,
             **config,
         })
+        self._outage_s = outage_s
+        self._delivery_s = float(config.get("message.timeout.ms", outage_s * 1000)) / 1000
         self._known: set[str] = set()
         self._failures: list[tuple[str, bytes | None, str]] = []
 
@@ -75,7 +119,7 @@ class KafkaProducer(Producer):
     def send(self, topic: str, value: bytes | None, *, key: bytes | None = None, headers: Headers = (),
              timestamp_ms: int | None = None, partition: int | None = None) -> None:
         if topic not in self._known:
-            _topic_exists(self._producer, topic)
+            _topic_exists(self._producer, topic, self._outage_s)
             self._known.add(topic)
         kwargs: dict[str, Any] = {"key": key, "value": value, "on_delivery": self._on_delivery}
         if headers:
@@ -97,11 +141,13 @@ class KafkaProducer(Producer):
             self._failures.append((topic, key, "the producer queue stayed full: flush more often"))
         self._producer.poll(0)
 
-    def flush(self, timeout_s: float = 30.0) -> None:
-        remaining = self._producer.flush(timeout_s)
+    def flush(self, timeout_s: float | None = None) -> None:
+        # None: until each record is delivered or has failed (after message.timeout.ms of retries)
+        timeout = self._delivery_s + 5.0 if timeout_s is None else timeout_s
+        remaining = self._producer.flush(timeout)
         failures, self._failures = self._failures, []
         if remaining:
-            failures.append(("*", None, f"{remaining} record(s) still queued after {timeout_s} s"))
+            failures.append(("*", None, f"{remaining} record(s) still queued after {timeout:.0f} s"))
         if failures:
             shown = "; ".join(f"{t} key={k!r}: {why}" for t, k, why in failures[:5])
             raise DeliveryError(f"{len(failures)} record(s) were not delivered: {shown}", failures)
@@ -115,7 +161,7 @@ class KafkaConsumer(Consumer):
 
     def __init__(self, config: dict[str, Any], topics: Sequence[str], *, group_id: str | None = None,
                  reset: OffsetReset = "earliest", session_timeout_s: float = 10.0,
-                 start: StartAt | None = None) -> None:
+                 start: StartAt | None = None, outage_s: float = DEFAULT_OUTAGE_S) -> None:
         if not topics:
             raise BusError("a consumer needs at least one topic")
         session_ms = int(session_timeout_s * 1000)
@@ -131,7 +177,8 @@ class KafkaConsumer(Consumer):
             **config,
         })
         self._consumed: dict[tuple[str, int], int] = {}
-        partitions = {t: _topic_exists(self._consumer, t) for t in topics}
+        self._outage_s = outage_s
+        partitions = {t: _topic_exists(self._consumer, t, outage_s) for t in topics}
         if self._grouped:
             self._consumer.subscribe(list(topics), on_revoke=self._on_revoke)
         else:
@@ -147,7 +194,8 @@ class KafkaConsumer(Consumer):
                     for tp in tps]
         if isinstance(start, AtTime):
             query = [TopicPartition(tp.topic, tp.partition, start.timestamp_ms) for tp in tps]
-            found = self._consumer.offsets_for_times(query, timeout=10.0)
+            found = patiently("offsets by time", lambda: self._consumer.offsets_for_times(query, timeout=10.0),
+                              self._outage_s)
             return [TopicPartition(tp.topic, tp.partition,
                                    tp.offset if tp.offset >= 0 else confluent_kafka.OFFSET_END)
                     for tp in found]
@@ -164,7 +212,8 @@ class KafkaConsumer(Consumer):
                 return None
             if err.fatal():
                 raise BusError(f"fatal consumer error: {err.str()}")
-            logger.warning("consumer error on %s: %s", msg.topic(), err.str())
+            if not unreachable(err):  # the cluster away: librdkafka reconnects, and says so in its log
+                logger.warning("consumer error on %s: %s", msg.topic(), err.str())
             return None
         _, ts = msg.timestamp()
         record = Record(topic=msg.topic(), partition=msg.partition(), offset=msg.offset(), key=msg.key(),
@@ -199,9 +248,9 @@ class KafkaConsumer(Consumer):
             raise BusError("a reader has no group to commit to: use EventLog.consumer(group_id=...)")
         if not offsets:
             return
+        positions = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
         try:
-            self._consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
-                                  asynchronous=False)
+            patiently("commit", lambda: self._consumer.commit(offsets=positions, asynchronous=False), self._outage_s)
         except KafkaException as exc:
             err = exc.args[0]
             if err.code() in _FENCED:
@@ -224,9 +273,10 @@ class KafkaLog(EventLog):
     """
 
     def __init__(self, bootstrap_servers: str, *, client_config: dict[str, Any] | None = None,
-                 replication_factor: int = -1) -> None:
+                 replication_factor: int = -1, outage_s: float = DEFAULT_OUTAGE_S) -> None:
         self._config: dict[str, Any] = {"bootstrap.servers": bootstrap_servers, **(client_config or {})}
         self._replication_factor = replication_factor
+        self._outage_s = outage_s
         self._admin = AdminClient({**self._config, "logger": logger})  # type: ignore[dict-item]  # librdkafka takes a Logger
         self._meta: confluent_kafka.Consumer | None = None
 
@@ -247,19 +297,27 @@ class KafkaLog(EventLog):
                                 replication_factor=self._replication_factor, config=config))
         if not new:
             return
-        for name, future in self._admin.create_topics(new, operation_timeout=30).items():
+        for created in new:
+            try:
+                patiently(f"creating {created.topic}", lambda t=created: self._create(t), self._outage_s)
+            except KafkaException as exc:
+                raise TopicError(f"could not create topic {created.topic!r}: {exc.args[0].str()}") from exc
+        for created in new:  # creation is asynchronous on the brokers: wait until metadata shows it
+            self._wait_for_topic(created.topic)
+
+    def _create(self, topic: NewTopic) -> None:
+        for future in self._admin.create_topics([topic], operation_timeout=30).values():
             try:
                 future.result()
             except KafkaException as exc:
                 if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                    raise TopicError(f"could not create topic {name!r}: {exc.args[0].str()}") from exc
-        for created in new:  # creation is asynchronous on the brokers: wait until metadata shows it
-            self._wait_for_topic(created.topic)
+                    raise
 
     def _wait_for_topic(self, topic: str, timeout_s: float = 30.0) -> None:
         deadline = time.monotonic() + timeout_s
         while True:
-            meta = self._admin.list_topics(topic=topic, timeout=10)
+            meta = patiently(f"metadata of {topic}", lambda: self._admin.list_topics(topic=topic, timeout=10),
+                             self._outage_s)
             info = meta.topics.get(topic)
             if info is not None and info.error is None and info.partitions and \
                     all(p.leader >= 0 for p in info.partitions.values()):
@@ -269,32 +327,35 @@ class KafkaLog(EventLog):
             time.sleep(0.1)
 
     def partitions(self, topic: str) -> int:
-        return _topic_exists(self._admin, topic)
+        return _topic_exists(self._admin, topic, self._outage_s)
 
     def producer(self) -> KafkaProducer:
-        return KafkaProducer(self._config)
+        return KafkaProducer(self._config, self._outage_s)
 
     def consumer(self, topics: Sequence[str], group_id: str, *, reset: OffsetReset = "earliest",
                  session_timeout_s: float = 10.0) -> KafkaConsumer:
         if not group_id:
             raise BusError("a group consumer needs a non-empty group_id")
         return KafkaConsumer(self._config, topics, group_id=group_id, reset=reset,
-                             session_timeout_s=session_timeout_s)
+                             session_timeout_s=session_timeout_s, outage_s=self._outage_s)
 
     def reader(self, topics: Sequence[str], start: StartAt = Beginning()) -> KafkaConsumer:
-        return KafkaConsumer(self._config, topics, start=start)
+        return KafkaConsumer(self._config, topics, start=start, outage_s=self._outage_s)
 
     def end_offsets(self, topic: str) -> dict[int, int]:
         consumer = self._metadata_consumer()
-        n = _topic_exists(consumer, topic)
-        return {p: _high_watermark(consumer, TopicPartition(topic, p)) for p in range(n)}
+        n = _topic_exists(consumer, topic, self._outage_s)
+        return {p: patiently(f"end offset of {topic}", lambda p=p: _high_watermark(consumer, TopicPartition(topic, p)),
+                             self._outage_s)
+                for p in range(n)}
 
     def committed(self, group_id: str, topic: str) -> dict[int, int]:
-        n = _topic_exists(self._admin, topic)
+        n = _topic_exists(self._admin, topic, self._outage_s)
         probe = confluent_kafka.Consumer({**self._config, "group.id": group_id, "enable.auto.commit": False,
                                           "logger": logger})
         try:
-            found = probe.committed([TopicPartition(topic, p) for p in range(n)], timeout=10)
+            found = patiently(f"{group_id}'s offsets", lambda: probe.committed(
+                [TopicPartition(topic, p) for p in range(n)], timeout=10), self._outage_s)
         finally:
             probe.close()
         return {tp.partition: tp.offset for tp in found if tp.offset >= 0}

@@ -39,6 +39,9 @@ class KafkaBusSettings(BaseModel):
     """Extra librdkafka settings for every client (e.g. `security.protocol`, `sasl.mechanism`)."""
     replication_factor: int = -1
     """Replicas of each created topic; -1 takes the broker's `default.replication.factor`."""
+    outage_s: float = Field(default=300.0, gt=0)
+    """How long a component waits for a cluster it cannot reach (a broker restart) before it fails:
+    unsent records are kept and retried that long, reads, commits and metadata asked again."""
 
     @field_validator("bootstrap_servers")
     @classmethod
@@ -59,7 +62,7 @@ def open_log(settings: EmbeddedBusSettings | KafkaBusSettings) -> EventLog:
     if settings.type == "kafka":
         from rollwire.bus.kafka import KafkaLog
         return KafkaLog(settings.bootstrap_servers, client_config=settings.client_config,
-                        replication_factor=settings.replication_factor)
+                        replication_factor=settings.replication_factor, outage_s=settings.outage_s)
     from rollwire.bus.embedded import EmbeddedLog
     return EmbeddedLog(settings.path, fsync=settings.fsync)
 

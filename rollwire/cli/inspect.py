@@ -1,4 +1,5 @@
-"""`rollwire inspect rollout ID` and `rollwire inspect step N`: one rollout's or one step's story."""
+"""`rollwire inspect rollout ID`, `rollwire inspect step N` and `rollwire inspect run`: one rollout's
+or one step's story, or the whole run's accounts."""
 
 from __future__ import annotations
 
@@ -36,6 +37,17 @@ def add_inspect(sub) -> None:
     step.add_argument("step", type=int, metavar="N", help="the trainer step")
     add_run_options(step)
     step.set_defaults(run=cmd_inspect_step)
+    accounts = add_step(
+        what, "run", help="the run's accounts: every dispatched rollout trained, dropped or in flight",
+        description="What became of every rollout the dispatcher asked for (trained once, dropped with a\n"
+                    "reason, or still in flight, and where), trainer steps, published versions and the\n"
+                    "version each replica last served; then whether the run kept its promises: no rollout\n"
+                    "trained twice, no step number twice, versions strictly increasing, replicas on the\n"
+                    "newest. Exits 1 when a promise is broken.",
+        epilog="examples:\n  rollwire inspect run --run-dir runs/demo\n"
+               "  rollwire inspect run --bus kafka --bootstrap 127.0.0.1:9092 --prefix run7")
+    add_run_options(accounts)
+    accounts.set_defaults(run=cmd_inspect_run)
 
 
 def _tokenizer(path: Path | None, run) -> object | None:
@@ -68,3 +80,14 @@ def cmd_inspect_step(args: argparse.Namespace) -> int:
     with open_log(log_settings) as log:
         print(render_step(step_story(log, Topics(prefix), args.step)), end="")
     return 0
+
+
+def cmd_inspect_run(args: argparse.Namespace) -> int:
+    from rollwire.bus import open_log
+    from rollwire.run.ledger import render_ledger, run_ledger
+    from rollwire.schemas.topics import Topics
+    _, log_settings, prefix = recorded_run(args)
+    with open_log(log_settings) as log:
+        ledger = run_ledger(log, Topics(prefix))
+    print(render_ledger(ledger), end="")
+    return 1 if ledger.problems() else 0

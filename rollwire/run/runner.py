@@ -6,8 +6,9 @@
     # Step 4  start scorer, trainer, env workers, dispatcher; with [feedback], the joiner, the
     #         feedback ingestion API and the serving gateway
     # Step 5  follow the run's events: live display, metrics JSONL; restart crashed components
-    # Step 6  when the trainer has done its last step (or on Ctrl-C): stop everything in order,
-    #         draw the reward curve, print first-10 and last-10 mean reward
+    # Step 6  when the trainer has done its last step: wait (a while) for every replica to serve
+    #         the last version; then (or on Ctrl-C) stop everything in order, draw the reward
+    #         curve, print first-10 and last-10 mean reward
 
 Interrupted and started again with the same recipe, it resumes: the base model is kept, the
 trainer restarts from its last checkpoint, the dispatcher recounts what it issued, and the
@@ -141,7 +142,7 @@ def run(recipe: RunRecipe, *, metrics_out: Path | None = None, console: Console 
     # Step 2
     prepare_model(recipe, console)
     topics = Topics(recipe.topic_prefix)
-    log = open_log(recipe.bus)
+    log = open_log(_watching(recipe.bus))
     log.create_topics(catalog_topics(topics))
     launchers = {"trainer": torchrun(recipe.trainer.processes)} if recipe.trainer.processes > 1 else None
     supervisor = Supervisor(recipe_json, recipe.run_dir / "logs", launchers=launchers)
@@ -182,6 +183,13 @@ def run(recipe: RunRecipe, *, metrics_out: Path | None = None, console: Console 
                        plot_path, interrupted, time.monotonic() - started)
     _report(result, console)
     return result
+
+
+def _watching(bus):
+    """The bus settings for this process's own reads (display, lag, stall watch): on Kafka, a
+    broker away is not waited for here (the components wait for it), so that a crashed component
+    is still restarted meanwhile; the display shows the lag as unknown."""
+    return bus.model_copy(update={"outage_s": 5.0}) if bus.type == "kafka" else bus
 
 
 def _start_feedback(supervisor: Supervisor, recipe: RunRecipe, console: Console) -> None:
@@ -237,6 +245,8 @@ def _follow(supervisor: Supervisor, progress: RunProgress, recipe: RunRecipe, co
                         live.console.print(f"[yellow]{line}")
                     progress.stall = stalled(live.console.print)
                     live.update(progress.table(recipe.steps, "training"))
+            if not ctrl_c.is_set():
+                _wait_for_last_version(supervisor, progress, recipe, console, ctrl_c)
             return
         reported = time.monotonic()
         # not a terminal (CI, a pipe): one line per step, or a minute of silence
@@ -250,6 +260,29 @@ def _follow(supervisor: Supervisor, progress: RunProgress, recipe: RunRecipe, co
             progress.stall = stalled(console.print)
         if not ctrl_c.is_set():
             progress.poll(0.5)
+            _wait_for_last_version(supervisor, progress, recipe, console, ctrl_c)
+
+
+def _wait_for_last_version(supervisor: Supervisor, progress: RunProgress, recipe: RunRecipe, console: Console,
+                           ctrl_c: threading.Event, timeout_s: float = 120.0) -> None:
+    """Step 6's wait: a run ends with every replica serving what it trained last (the fleet
+    topic's word), unless that takes longer than `timeout_s`, which is said."""
+    if not progress.rows:
+        return
+    last = progress.rows[-1]["policy_version"]
+    deadline = time.monotonic() + timeout_s
+
+    def behind() -> list[str]:
+        return [rid for rid, version in progress.serving.items()
+                if progress.replica_state.get(rid) != "stopped" and version != last]
+
+    with console.status(f"waiting for the replicas to serve version {last} …"):
+        while behind() and not ctrl_c.is_set() and time.monotonic() < deadline:
+            progress.poll(0.5)
+            for line in supervisor.check():
+                console.print(line)
+    if behind():
+        console.print(f"[yellow]{', '.join(behind())} did not serve version {last} within {timeout_s:.0f} s")
 
 
 def _report(result: RunResult, console: Console) -> None:

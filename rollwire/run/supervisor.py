@@ -3,8 +3,9 @@
     start(role)        python -m rollwire.run.roles ROLE <run_dir>/recipe.json, output to
                        <run_dir>/logs/ROLE-N.log, in its own session (Ctrl-C reaches only us),
                        told to die with us (Linux: PR_SET_PDEATHSIG)
-    check()            a child that exited non-zero is restarted after a backoff, at most
-                       `max_restarts` times; then the run fails with the tail of its log
+    check()            a child that exited non-zero is restarted after a backoff; one that crashes
+                       more than `max_restarts` times within `window_s` is crash-looping, and the
+                       run fails with the tail of its log (a crash now and then never ends a run)
     stop()             SIGTERM in the order given (producers of work first), SIGKILL after a grace
 """
 
@@ -37,6 +38,9 @@ class Child:
     log_path: Path
     process: subprocess.Popen | None = None
     restarts: int = 0
+    """Restarts so far, in the whole run."""
+    crashes: list[float] = field(default_factory=list)
+    """When it exited non-zero, the recent ones (monotonic seconds)."""
     restart_at: float | None = None
     """When a crashed child is due to be started again (backoff), or None."""
     finished: bool = False
@@ -56,9 +60,9 @@ def tail(path: Path, lines: int = 15) -> str:
 
 
 class Supervisor:
-    def __init__(self, recipe_json: Path, log_dir: Path, *, max_restarts: int = 3,
+    def __init__(self, recipe_json: Path, log_dir: Path, *, max_restarts: int = 3, window_s: float = 300.0,
                  env: dict[str, str] | None = None, launchers: dict[str, list[str]] | None = None) -> None:
-        self.recipe_json, self.log_dir, self.max_restarts = recipe_json, log_dir, max_restarts
+        self.recipe_json, self.log_dir, self.max_restarts, self.window_s = recipe_json, log_dir, max_restarts, window_s
         self.launchers = launchers or {}
         """What runs a role's module instead of `python -m`, by role (torchrun for a data-parallel trainer)."""
         self.env = {**os.environ, **(env or {})}
@@ -97,13 +101,16 @@ class Supervisor:
                 child.finished = True
                 events.append(f"{child.name} finished")
                 continue
-            if child.restarts >= self.max_restarts:
-                raise RunFailed(f"{child.name} exited with code {code} {child.restarts + 1} times; last lines of "
-                                f"{child.log_path}:\n{tail(child.log_path)}")
+            now = time.monotonic()
+            child.crashes = [t for t in child.crashes if now - t < self.window_s] + [now]
+            if len(child.crashes) > self.max_restarts:
+                raise RunFailed(f"{child.name} exited with code {code} {len(child.crashes)} times within "
+                                f"{self.window_s:.0f} s; last lines of {child.log_path}:\n{tail(child.log_path)}")
             child.restarts += 1
-            child.restart_at = time.monotonic() + min(2.0 ** child.restarts, 10.0)
+            child.restart_at = now + min(2.0 ** len(child.crashes), 10.0)
             events.append(f"{child.name} exited with code {code}; restarting it "
-                          f"({child.restarts} of {self.max_restarts}), see {child.log_path}")
+                          f"({len(child.crashes)} of {self.max_restarts} within {self.window_s:.0f} s), "
+                          f"see {child.log_path}")
         return events
 
     def stop(self, grace_s: float = 30.0) -> None:

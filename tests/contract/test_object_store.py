@@ -4,11 +4,10 @@ endpoint (moto's server) alike."""
 from __future__ import annotations
 
 import hashlib
-import json
-import struct
 from pathlib import Path
 
 import pytest
+from builders import write_safetensors
 
 from rollwire.objectstore import ObjectNotFoundError, ObjectStoreError
 from rollwire.weight_versions import (
@@ -20,19 +19,6 @@ from rollwire.weight_versions import (
     fetch,
     publish,
 )
-
-
-def write_safetensors(path: Path, tensors: dict[str, tuple[str, list[int]]]) -> None:
-    """A valid safetensors file with zeroed data (the standard library is enough)."""
-    header, offset = {}, 0
-    for name, (dtype, shape) in tensors.items():
-        size = 4
-        for dim in shape:
-            size *= dim
-        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + size]}
-        offset += size
-    raw = json.dumps(header).encode()
-    path.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(offset))
 
 
 @pytest.fixture

@@ -53,3 +53,66 @@ def test_a_hanging_agent_is_killed_and_reported_as_a_timeout(tmp_path):
         server.shutdown()
     assert published == 2 and {r.error.kind for r in rollouts} == {"timeout"}
     assert all("killed" in r.error.message for r in rollouts)
+
+
+class _Fleet:
+    """Answers like vLLM's /inference/v1/generate, sampling exactly the `max_tokens` it is allowed;
+    text is one token per character."""
+
+    def __init__(self) -> None:
+        self.asked: list[int] = []
+
+    def tokenize(self, text: str) -> list[int]:
+        return [7] * len(text)
+
+    def detokenize(self, ids: list[int]) -> str:
+        return "x" * len(ids)
+
+    def generate(self, prompt_ids, *, max_tokens, **_):
+        self.asked.append(max_tokens)
+        return {"choices": [{"token_ids": [5] * max_tokens, "finish_reason": "length",
+                             "logprobs": {"content": [{"logprob": -0.1}] * max_tokens}}]}
+
+
+def test_a_call_is_cut_to_the_rollouts_token_limit_and_refused_past_it():
+    from rollwire.producers.interception import Interceptor, RolloutTooLong
+    from rollwire.schemas import SamplingParams
+    fleet = _Fleet()
+    interceptor = Interceptor(fleet, SamplingParams(max_tokens=8), max_sequence_tokens=10)
+    assert interceptor.complete("abcd") == "x" * 6  # 4 prompt tokens leave room for 6, not 8
+    try:
+        interceptor.complete("a" * 10)
+    except RolloutTooLong as exc:
+        assert "a prompt of 10 tokens leaves no room under the rollout's limit of 10 tokens" in str(exc)
+    else:
+        raise AssertionError("a prompt filling the limit was sent")
+    assert fleet.asked == [6]  # the refused call never reached the fleet
+
+
+def test_a_rollout_past_its_token_limit_is_errored_even_when_the_harness_swallows_the_refusal(tmp_path):
+    from rollwire.producers.env_worker import EnvWorkerSettings
+
+    def stubborn(row, interceptor):
+        answer = interceptor.complete(row["prompt"])
+        try:
+            interceptor.complete(row["prompt"] + answer)  # the conversation outgrows the limit
+        except RuntimeError:
+            pass  # and the agent carries on as if nothing happened
+        return answer
+
+    topics = Topics("long")
+    log = open_log(EmbeddedBusSettings(path=tmp_path / "log"))
+    log.create_topics(catalog_topics(topics))
+    producer = EventProducer(log.producer(), topics, name="dispatcher")
+    producer.send(topics.tasks, TaskAssigned(task_id="t0", environment="reverse-digits", algorithm="grpo",
+                                             group_size=2, task={"prompt": "abcd", "answer": "dcba"},
+                                             policy_version=0), key="g0")
+    producer.close()
+    worker = EnvWorker(log, topics, _Fleet(), {"reverse-digits": load_taskset("reverse-digits", count=1)},
+                       EnvWorkerSettings(max_rollout_tokens=10), harness=stubborn)
+    assert sum(worker.step(timeout_s=0.5) for _ in range(4)) == 2
+    worker.close()
+    with log.reader([topics.rollouts]) as reader:
+        rollouts = [Codec().decode(r.value).event for r in reader.poll_batch(100, 0.5)]
+    assert [r.error.kind for r in rollouts] == ["too_long", "too_long"]
+    assert "limit of 10 tokens (env_workers.max_rollout_tokens)" in rollouts[0].error.message

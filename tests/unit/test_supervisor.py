@@ -25,3 +25,36 @@ def test_stop_ends_a_child_that_no_record_names(tmp_path):
     assert bystander.poll() is None  # not the supervisor's: left alone
     bystander.kill()
     bystander.wait()
+
+
+def _crasher(tmp_path, **limits) -> Supervisor:
+    """A supervisor whose every child exits 3 at once."""
+    (tmp_path / "recipe.json").write_text("{}")
+    return Supervisor(tmp_path / "recipe.json", tmp_path / "logs", launchers={"scorer": [
+        sys.executable, "-c", "import sys; sys.exit(3)"]}, **limits)
+
+
+def _check_until(supervisor: Supervisor, restarts: int, timeout_s: float = 20) -> list[str]:
+    events, deadline = [], time.monotonic() + timeout_s
+    while supervisor.children[0].restarts < restarts or supervisor.children[0].process.poll() is None:
+        assert time.monotonic() < deadline, events
+        events += supervisor.check()
+        time.sleep(0.05)
+    return events
+
+
+def test_a_crash_now_and_then_is_restarted_for_as_long_as_the_run_lasts(tmp_path):
+    from rollwire.run.supervisor import RunFailed
+    supervisor = _crasher(tmp_path, max_restarts=1, window_s=0.5)  # crashes 2 s apart (backoff): never 2 in 0.5 s
+    supervisor.start("scorer")
+    events = _check_until(supervisor, restarts=3)
+    assert supervisor.children[0].history == [3, 3, 3]
+    assert events[0].startswith("scorer-0 exited with code 3; restarting it (1 of 1 within 0 s)")
+    looping = _crasher(tmp_path, max_restarts=1, window_s=60)
+    looping.start("scorer")
+    try:
+        _check_until(looping, restarts=2)
+    except RunFailed as exc:  # the second crash within a minute: crash-looping
+        assert "scorer-0 exited with code 3 2 times within 60 s" in str(exc)
+    else:
+        raise AssertionError("a crash loop was restarted without end")
