@@ -2,12 +2,12 @@
 random moment and the Kafka broker goes away for 20-30 s; then the run's accounts, from its
 events alone.
 
-    python bench/chaos.py [--steps 24] [--seed 0] [--gap 2] [--json FILE] [--keep]
+    python bench/chaos.py [--steps 50] [--seed 0] [--gap 2] [--json FILE] [--keep]
 
 It starts its own broker (deploy/kafka/broker.py, on loopback) and a short recipe: a tiny model on
 reverse-digits, one inference replica, two env workers, one trainer. The faults come in a random
 order (`--seed`), one at a time: each waits until the run has made `--gap` more steps since the
-last one, then a random 0-5 s more, then
+last one, then a random 0-2 s more, then
 
     dispatcher, env-worker-0, env-worker-1, scorer, trainer, replica   kill -9 (the supervisor restarts it)
     vllm                                kill -9 of the vLLM API server (the replica restarts it)
@@ -151,7 +151,7 @@ class Chaos:
         self.wait_for_steps(1)
         for fault in order:
             self.wait_for_steps(self.steps_done() + self.gap)
-            time.sleep(self.rng.uniform(0, 5))
+            time.sleep(self.rng.uniform(0, 2))
             record = self.fire(fault)
             self.faults.append(record)
             print(f"fault {len(self.faults)}/{len(order)}: {_describe(record)}", flush=True)
@@ -218,7 +218,7 @@ def leftovers(folder: Path) -> list[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=24, help="trainer steps of the run (default %(default)s)")
+    parser.add_argument("--steps", type=int, default=50, help="trainer steps of the run (default %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="order and moments of the faults (default %(default)s)")
     parser.add_argument("--gap", type=int, default=2, help="steps the run makes between two faults (default %(default)s)")
     parser.add_argument("--outage", default="20-30", help="seconds the broker stays away, LOW-HIGH (default %(default)s)")

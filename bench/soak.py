@@ -30,22 +30,28 @@ import psutil
 
 def components(run: psutil.Process) -> dict[str, list[psutil.Process]]:
     """The run's processes by name: `role-index` for components, `vllm-index` for replica index's
-    inference server with its engine processes (one vLLM is several: API server, engine, workers)."""
+    inference server with its engine processes (one vLLM is several: API server, engine, workers).
+    A component is known by the log its output goes to (`logs/ROLE-N.log`): a faust worker
+    rewrites its command line (setproctitle)."""
     found: dict[str, list[psutil.Process]] = {}
-    for child in run.children(recursive=True):
-        try:
-            cmdline = child.cmdline()
-        except psutil.Error:
+    for child in run.children():
+        name = _log_name(child)
+        if name is None:
             continue
-        if "rollwire.run.roles" not in cmdline:
-            continue
-        role = cmdline[cmdline.index("rollwire.run.roles") + 1]
-        index = cmdline[cmdline.index("--index") + 1] if "--index" in cmdline else "0"
-        found[f"{role}-{index}"] = [child]
-        if role == "replica":
+        found[name] = [child]
+        if name.startswith("replica-"):
             with contextlib.suppress(psutil.Error):
-                found[f"vllm-{index}"] = child.children(recursive=True)
+                found["vllm-" + name.removeprefix("replica-")] = child.children(recursive=True)
     return found
+
+
+def _log_name(process: psutil.Process) -> str | None:
+    """`scorer-0` for a process whose standard output is `.../logs/scorer-0.log`."""
+    try:
+        target = Path(os.readlink(f"/proc/{process.pid}/fd/1"))
+    except OSError:
+        return None
+    return target.stem if target.suffix == ".log" and target.parent.name == "logs" else None
 
 
 def usage(processes: list[psutil.Process]) -> tuple[float, int]:

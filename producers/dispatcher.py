@@ -28,7 +28,6 @@ dropped as stale.
 
 from __future__ import annotations
 
-import itertools
 import random
 from collections.abc import Iterator
 from typing import Annotated
@@ -76,6 +75,19 @@ class DispatcherSettings(BaseModel):
     """Seed of the environment draw."""
 
 
+def endless(taskset: Taskset) -> Iterator[dict]:
+    """The taskset's rows, from the start again after the last. Each pass reads `rows()` anew:
+    `itertools.cycle` would keep every row it has handed out, a dispatcher's memory growing with
+    the run (a million-row taskset, or reverse-digits' 10^6 generated rows)."""
+    while True:
+        empty = True
+        for row in taskset.rows():
+            empty = False
+            yield row
+        if empty:
+            raise ConfigError(f"taskset {taskset.name!r} has no rows")
+
+
 def may_issue(in_flight: int, group_size: int, max_off_policy: int, batch_rollouts: int) -> bool:
     """Whether a group of `group_size` fits the off-policy budget (see the module docstring)."""
     return in_flight + group_size <= (max_off_policy + 1) * batch_rollouts
@@ -99,7 +111,7 @@ class Dispatcher:
         self.served: dict[str, int] = {}
         """Version each running replica serves (from its latest status)."""
         self.published_version = 0
-        self.rows: dict[str, Iterator[dict]] = {env.name: itertools.cycle(taskset.rows()) for env, taskset in mix}
+        self.rows: dict[str, Iterator[dict]] = {env.name: endless(taskset) for env, taskset in mix}
         self.rng = random.Random(self.settings.seed)
         self.issued = self.accounted = 0
         self.dead_lettered = 0

@@ -82,8 +82,8 @@ class Codec:
         if len(data) > self.max_event_bytes:
             raise EventTooLargeError(
                 f"{envelope['type']} event is {len(data)} bytes, over the {self.max_event_bytes}-byte "
-                "limit: put the large part in the object store and send a BlobPointer, or raise "
-                "max_event_bytes (and the topic's max.message.bytes) in the bus settings")
+                "limit (the codec's max_event_bytes): put the large part in the object store and send "
+                "a BlobPointer, as the env worker does with a large trace when it has a store")
         return data
 
     def decode(self, data: bytes) -> Envelope:
@@ -91,7 +91,7 @@ class Codec:
         if len(data) > self.max_event_bytes:
             raise EventTooLargeError(
                 f"record of {len(data)} bytes is over this reader's {self.max_event_bytes}-byte "
-                "limit: raise max_event_bytes in the bus settings if such events are expected")
+                "limit (the codec's max_event_bytes): no rollwire component sends one that large")
         raw = _unpack(data)
         tag, version = raw["type"], raw["schema_version"]
         cls = EVENT_TYPES.get(tag)

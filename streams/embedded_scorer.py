@@ -37,7 +37,7 @@ from rollwire.schemas.scorer import ScorerGroupState
 from rollwire.schemas.topics import Topics
 from rollwire.streams import group_changelog
 from rollwire.streams.in_process import InProcessDriver
-from rollwire.streams.scoring import Deadlines, GroupScorer, Step, route, scoring_span
+from rollwire.streams.scoring import Deadlines, GroupScorer, OpenGroups, Step, route, scoring_span
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +60,8 @@ class EmbeddedScorer(InProcessDriver):
         self._codec = Codec()
         self.deadlines = Deadlines(scorer.settings)
         """When each held group is next due for `on_tick`: a tick visits those only."""
+        self.open = OpenGroups(scorer.settings.max_open_groups)
+        """The groups held open, oldest first (`max_open_groups`)."""
         self.pending = group_changelog.PendingWrites()
         """Changelog writes of this step, sent (coalesced) just before the flush."""
 
@@ -71,6 +73,7 @@ class EmbeddedScorer(InProcessDriver):
         self.deadlines = Deadlines(self.scorer.settings)
         for group_id, state in self.states.items():
             self.deadlines.push(group_id, state)
+        self.open = OpenGroups.of(self.scorer.settings.max_open_groups, self.states.items())
         logger.info("scorer owns rollout partitions %s: restored %d groups", sorted(owned), len(self.states))
 
     def _decoded(self, records: Iterable[Record]) -> Iterator[Event]:
@@ -96,6 +99,8 @@ class EmbeddedScorer(InProcessDriver):
         for delivery in deliveries:
             rollout = delivery.event
             with self.consumer.process_span(delivery):
+                if rollout.group_id not in self.states and len(self.open) >= self.open.limit:
+                    self._make_room()
                 result = self.scorer.on_rollout(self.states.get(rollout.group_id), rollout)
                 if result.rejected:
                     self.consumer.dead_letter(delivery, result.rejected)
@@ -113,6 +118,12 @@ class EmbeddedScorer(InProcessDriver):
             key.split(group_changelog.SEPARATOR, 1)[0].encode(), self.partitions))
         return len(deliveries)
 
+    def _make_room(self) -> None:
+        oldest = self.open.oldest()
+        if oldest is not None:
+            self._apply(oldest, self.scorer.overflow(self.states[oldest], len(self.open)))
+            self.stats["overflow"] += 1
+
     def _apply(self, group_id: str, result: Step) -> None:
         if result.duplicate:
             self.stats["duplicates"] += 1
@@ -126,3 +137,4 @@ class EmbeddedScorer(InProcessDriver):
         elif result.changed:
             self.states[group_id] = result.state
             self.deadlines.push(group_id, result.state)
+        self.open.note(group_id, self.states.get(group_id))

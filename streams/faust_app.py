@@ -41,7 +41,7 @@ from rollwire.schemas.scorer import ScorerGroupState, ScorerTick
 from rollwire.schemas.topics import Topics
 from rollwire.streams import group_changelog
 from rollwire.streams.faust_recovery import SeekBeforeFetchTableManager
-from rollwire.streams.scoring import Deadlines, GroupScorer, ScorerSettings, Step, route, scoring_span
+from rollwire.streams.scoring import Deadlines, GroupScorer, OpenGroups, ScorerSettings, Step, route, scoring_span
 
 logger = logging.getLogger(__name__)
 
@@ -179,11 +179,36 @@ def build_app(settings: FaustWorkerSettings, scorer_settings: ScorerSettings, *,
     # Per rollout partition, when its groups are next due for a tick (`scoring.Deadlines`): built
     # from the table by the partition's first tick after an assignment, then kept by `apply`.
     deadlines: dict[int, Deadlines] = {}
+    # Per rollout partition, its open groups oldest first (`scoring.OpenGroups`), for
+    # `max_open_groups` over the whole worker; built like `deadlines`, kept by `apply`.
+    open_groups: dict[int, OpenGroups] = {}
 
     @app.on_partitions_revoked.connect
     async def forget_decoded(*_args: Any, **_kwargs: Any) -> None:
         held.clear()
         deadlines.clear()
+        open_groups.clear()
+
+    def group_keys(partition: int) -> list[str]:
+        return [k.decode() for k in list(groups.keys())
+                if group_changelog.is_group_key(k) and partition_for(k, partitions) == partition]
+
+    def open_in(partition: int) -> OpenGroups:
+        if partition not in open_groups:  # the first need since the assignment: one pass over the table
+            open_groups[partition] = OpenGroups.of(scorer.settings.max_open_groups,
+                                                   ((g, state_of(g)) for g in group_keys(partition)))
+        return open_groups[partition]
+
+    async def make_room(group_id: str) -> None:
+        """Before `group_id` opens: past `max_open_groups` (all partitions held), the oldest open
+        group of its partition is closed early."""
+        mine = open_in(partition_for(group_id.encode(), partitions))
+        held_open = sum(len(o) for o in open_groups.values())
+        oldest = mine.oldest()
+        if held_open >= scorer.settings.max_open_groups and oldest is not None:
+            state = state_of(oldest)
+            if state is not None:
+                await apply(oldest, scorer.overflow(state, held_open))
 
     async def apply(group_id: str, step: Step) -> None:
         for event in step.events:
@@ -192,17 +217,19 @@ def build_app(settings: FaustWorkerSettings, scorer_settings: ScorerSettings, *,
         pending.add(group_changelog.writes(group_id, state_of(group_id), step))
         if step.changed:
             held[group_id] = step.state
-            schedule = deadlines.get(partition_for(group_id.encode(), partitions))
+            partition = partition_for(group_id.encode(), partitions)
+            schedule = deadlines.get(partition)
             if schedule is not None:
                 schedule.push(group_id, step.state)
+            if partition in open_groups:
+                open_groups[partition].note(group_id, step.state)
 
     def due(partition: int, now: int) -> list[str]:
         """The groups of `partition` due for a tick."""
         if partition not in deadlines:  # the first tick since the assignment: one pass over the table
             deadlines[partition] = Deadlines(scorer.settings)
-            for key in [k for k in list(groups.keys())
-                        if group_changelog.is_group_key(k) and partition_for(k, partitions) == partition]:
-                deadlines[partition].push(key.decode(), state_of(key.decode()))
+            for group_id in group_keys(partition):
+                deadlines[partition].push(group_id, state_of(group_id))
         return deadlines[partition].due(now)
 
     def write_table() -> None:
@@ -259,6 +286,8 @@ def build_app(settings: FaustWorkerSettings, scorer_settings: ScorerSettings, *,
             await send("deadletter", dead_letter_for(record, f"{decoded.type} does not belong on {record.topic}",
                                                      stage="process", component="scorer"), record.topic)
             return
+        if state_of(decoded.group_id) is None:
+            await make_room(decoded.group_id)
         step = scorer.on_rollout(state_of(decoded.group_id), decoded)
         if step.rejected:
             await send("deadletter", dead_letter_for(record, step.rejected, stage="process", component="scorer"),

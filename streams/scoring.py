@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 
@@ -53,6 +53,10 @@ class ScorerSettings(BaseModel):
     max_group_size: int = Field(default=1024, ge=1)
     """Most rollouts a group may declare: the scorer holds a whole group, so a rollout of a larger one
     is dead-lettered with the reason instead of held."""
+    max_open_groups: int = Field(default=100_000, ge=1)
+    """Most groups one scorer process holds open (waiting for members). Before a new group would
+    pass it, the oldest open group is closed early and its rollouts dropped (`overflow`, counted):
+    the scorer's memory stays bounded whatever arrives, e.g. groups whose members never come."""
     retain_closed_s: float = Field(default=3600.0, ge=0)
     """How long a closed group's rollout ids are remembered to recognise redeliveries."""
     group_rewards: dict[str, list[GroupRewardSpec]] = Field(default_factory=dict)
@@ -116,6 +120,18 @@ class GroupScorer:
         if now - state.first_seen_ms >= self.settings.group_timeout_s * 1000:
             return self._close(state, now, timed_out=True)
         return Step(state)
+
+    def overflow(self, state: ScorerGroupState, held_open: int, now: int | None = None) -> Step:
+        """Closes an open group early to make room (`max_open_groups`): its rollouts are dropped."""
+        now = now_ms() if now is None else now
+        closed = state.model_copy(update={"rollouts": [], "closed_at_ms": now})
+        events: list[Event] = []
+        if state.rollouts:
+            events.append(RolloutsDropped(
+                rollout_ids=[r.rollout_id for r in state.rollouts], group_id=state.group_id, reason="overflow",
+                stage="scorer", detail=f"{held_open} groups were open, the scorer's max_open_groups "
+                                       f"{self.settings.max_open_groups}: the oldest was closed to make room"))
+        return Step(closed, events, changed=True)
 
     def _reject_reason(self, state: ScorerGroupState | None, rollout: RolloutCompleted) -> str | None:
         if rollout.group_size > self.settings.max_group_size:
@@ -192,6 +208,36 @@ class GroupScorer:
         if self._teacher is None:
             raise RuntimeError(f"algorithm {rollout.algorithm!r} needs a teacher: set scorer.teacher")
         return self._teacher(rollout.prompt_token_ids, rollout.completion_token_ids)
+
+
+class OpenGroups:
+    """The groups a driver holds open, oldest first, for `max_open_groups`: drivers `note` a group's
+    state after every change, and before opening a new group while `full()`, close `oldest()`
+    with `GroupScorer.overflow`."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._ids: dict[str, None] = {}  # insertion order: the order the groups opened in
+
+    @classmethod
+    def of(cls, limit: int, states: Iterable[tuple[str, ScorerGroupState | None]]) -> OpenGroups:
+        """Rebuilt from held states (a restore), ordered by when each group opened."""
+        found = cls(limit)
+        for group_id, state in sorted(((g, s) for g, s in states if s is not None), key=lambda gs: gs[1].first_seen_ms):
+            found.note(group_id, state)
+        return found
+
+    def note(self, group_id: str, state: ScorerGroupState | None) -> None:
+        if state is not None and state.closed_at_ms is None:
+            self._ids.setdefault(group_id, None)
+        else:
+            self._ids.pop(group_id, None)
+
+    def oldest(self) -> str | None:
+        return next(iter(self._ids), None)
+
+    def __len__(self) -> int:
+        return len(self._ids)
 
 
 class Deadlines:

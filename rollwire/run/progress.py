@@ -15,7 +15,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from rollwire.bus import Beginning, EventLog
+from rollwire.bus import Beginning, BusError, EventLog
 from rollwire.metrics import LagProbe
 from rollwire.schemas.envelope import Codec
 from rollwire.schemas.rollout import RolloutCompleted
@@ -201,8 +201,11 @@ class StallWatch:
     def check(self, now: float | None = None) -> str | None:
         """A one-line warning while the run stands still, else None."""
         now = time.monotonic() if now is None else now
-        for stage, _, _ in STAGES:
-            total = sum(self.log.end_offsets(self.topics.name(stage)).values())
+        try:
+            ends = {stage: sum(self.log.end_offsets(self.topics.name(stage)).values()) for stage, _, _ in STAGES}
+        except BusError as exc:  # the broker away: the components wait for it, and so does this watch
+            return f"the event log cannot be read now ({exc}); every component waits for it"
+        for stage, total in ends.items():
             if total != self._ends.get(stage):
                 self._ends[stage], self._moved[stage] = total, now
         if now - self._moved["train"] < self.after_s:

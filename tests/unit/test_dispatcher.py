@@ -127,3 +127,20 @@ def test_dead_lettered_rollouts_and_tasks_are_counted_back_once(tmp_path):
     dispatcher.step()
     assert dispatcher.dead_lettered == 5 and dispatcher.issued == 8 + 4  # 5 counted back: room for one group
     dispatcher.close()
+
+
+def test_rows_come_round_again_read_anew_rather_than_kept():
+    import itertools
+
+    from rollwire.producers.dispatcher import endless
+
+    class Two:
+        name, passes = "two", 0
+
+        def rows(self):
+            Two.passes += 1
+            yield from ({"task_id": f"t{i}"} for i in range(2))
+
+    rows = endless(Two())
+    assert [r["task_id"] for r in itertools.islice(rows, 5)] == ["t0", "t1", "t0", "t1", "t0"]
+    assert Two.passes == 3  # each pass reads the taskset again: nothing handed out is held

@@ -74,3 +74,44 @@ def test_a_tick_times_out_open_groups_of_its_partition():
 
     drops = [e for t, e in sent if isinstance(e, RolloutsDropped)]
     assert [(d.reason, d.rollout_ids) for d in drops] == [("group_timeout", ["g-0-r0"])]
+
+
+def _overflowing_groups() -> list[tuple[bytes, bytes]]:
+    """Three groups of 3 on one partition, one rollout each, then the rest of the third."""
+    codec = Codec()
+    ids = [g for g in (f"o{i}" for i in range(200)) if partition_for(g.encode(), 4) == 0][:3]
+    first = [group_of(g, [1, 0, 1])[0] for g in ids]
+    rest = group_of(ids[2], [1, 0, 1])[1:]
+    return [(r.group_id.encode(), codec.encode(r, producer="t")) for r in first + rest]
+
+
+def test_past_max_open_groups_the_oldest_open_group_is_dropped_as_overflow():
+    sent = run_agent(_overflowing_groups(), ScorerSettings(max_open_groups=2))
+    drops = [e for t, e in sent if isinstance(e, RolloutsDropped)]
+    assert len(drops) == 1 and drops[0].reason == "overflow" and drops[0].stage == "scorer"
+    assert drops[0].rollout_ids == [f"{drops[0].group_id}-r0"]
+    assert "max_open_groups 2: the oldest was closed to make room" in drops[0].detail
+    scored = [e for t, e in sent if isinstance(e, ScoredRollout)]
+    assert len(scored) == 3 and scored[0].rollout.group_id != drops[0].group_id  # the newest group completes
+
+
+def test_the_embedded_driver_drops_the_same_group_as_overflow(tmp_path):
+    from rollwire.bus import EmbeddedBusSettings, catalog_topics, open_log
+    from rollwire.streams.embedded_scorer import EmbeddedScorer
+    from rollwire.streams.scoring import GroupScorer
+    topics = Topics("unit")
+    log = open_log(EmbeddedBusSettings(path=tmp_path / "log"))
+    log.create_topics(catalog_topics(topics))
+    with log.producer() as producer:
+        for key, value in _overflowing_groups():
+            producer.send(topics.rollouts, value, key=key)
+    scorer = EmbeddedScorer(log, topics, GroupScorer(ScorerSettings(max_open_groups=2)), group_id="unit")
+    while scorer.step(timeout_s=0.5):
+        pass
+    scorer.close()
+    with log.reader([topics.drops, topics.scored]) as reader:
+        events = [Codec().decode(r.value).event for _ in range(3) for r in reader.poll_batch(100, 0.3)]
+    drops = [e for e in events if isinstance(e, RolloutsDropped)]
+    assert [(d.reason, d.rollout_ids) for d in drops] == [("overflow", [f"{drops[0].group_id}-r0"])]
+    assert sum(isinstance(e, ScoredRollout) for e in events) == 3 and scorer.stats["overflow"] == 1
+    assert len(scorer.open) == 1  # the second group, still waiting for its members
