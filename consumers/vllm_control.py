@@ -32,6 +32,11 @@ from rollwire.http import HttpError, JsonClient
 class VllmError(RollwireError):
     """The vLLM server refused or failed a request; the message has its answer."""
 
+    @property
+    def unreachable(self) -> bool:
+        """No server answered (refused, or cut off: it went away); nothing it did was returned."""
+        return isinstance(self.__cause__, HttpError) and self.__cause__.unreachable
+
 
 class VllmControl:
     """Talks to the vLLM server at `base_url` (e.g. `http://127.0.0.1:8000`) over one pool of

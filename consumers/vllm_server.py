@@ -66,6 +66,9 @@ class VllmServerSettings(BaseModel):
     """More `vllm serve` arguments, passed through."""
     log_path: Path | None = None
     """File for the server's output; None discards it."""
+    pid_file: Path | None = None
+    """Where the server's process group is noted, so that what a `kill -9`ed replica left running
+    (a server shutting down slowly, its engine processes) is ended when the next one starts."""
 
     @field_validator("host")
     @classmethod
@@ -118,6 +121,7 @@ class VllmServer:
         """Starts the server and returns once `/health` answers. A server that died before (a
         restart) may have left engine processes holding memory: they are ended first."""
         self._end_stragglers()
+        self._end_left_behind()
         self._wait_for_free_port()
         env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": str(self.settings.kv_cache_gib)}
         if self.settings.enable_lora:
@@ -127,6 +131,9 @@ class VllmServer:
         out = open(self.settings.log_path, "ab") if self.settings.log_path else subprocess.DEVNULL
         self.process = subprocess.Popen(self.command(), env=env, stdout=out, stderr=subprocess.STDOUT,
                                         start_new_session=True, preexec_fn=die_with_parent)
+        if self.settings.pid_file is not None:
+            self.settings.pid_file.parent.mkdir(parents=True, exist_ok=True)
+            self.settings.pid_file.write_text(str(self.process.pid))
         deadline = time.monotonic() + self.settings.startup_timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -138,6 +145,27 @@ class VllmServer:
         self.stop()
         raise VllmServerError(f"vLLM did not become healthy within {self.settings.startup_timeout_s:.0f} s"
                               f"{self._log_tail()}")
+
+    def _end_left_behind(self) -> None:
+        """SIGKILL to the vLLM processes of the group `pid_file` names (the last server started
+        with these settings), if any are left: only processes that are vLLM's, in case the id was
+        reused since."""
+        path = self.settings.pid_file
+        if path is None or not path.exists():
+            return
+        try:
+            group = int(path.read_text().strip())
+        except ValueError:
+            return
+        for proc in Path("/proc").glob("[0-9]*"):
+            try:
+                if os.getpgid(int(proc.name)) != group:
+                    continue
+                words = (proc / "cmdline").read_bytes().decode(errors="replace")
+                if "vllm" in words or "VLLM" in words:
+                    os.kill(int(proc.name), signal.SIGKILL)
+            except (OSError, ValueError):
+                continue
 
     def _wait_for_free_port(self, timeout_s: float = 60.0) -> None:
         """A server of ours killed with its supervisor may still be shutting down on this port."""

@@ -226,6 +226,7 @@ class RolloutRoute:
 
     def _call(self, fn: Callable[[VllmControl], Any], *, sampled: Callable[[Any], list[int]] | None = None) -> Any:
         avoid: set[str] = set()
+        gone_since: float | None = None
         while True:
             member, why = self.router.pick(sticky=self.replica, min_version=self.min_version, avoid=avoid,
                                            prefer=self.prefer)
@@ -235,6 +236,17 @@ class RolloutRoute:
             try:
                 result = fn(member.control)
             except VllmError as exc:
+                if exc.unreachable and len(self.router.fleet.members()) < 2:
+                    # the only replica went away (restarting: its supervisor brings it back): nothing
+                    # it did was returned, so the call goes again once it is back, up to `wait_s`
+                    if gone_since is None:
+                        gone_since = time.monotonic()
+                        logger.warning("replica %s cannot be reached (%s); waiting up to %.0f s for it",
+                                       member.replica_id, exc, self.router.wait_s)
+                    elif time.monotonic() - gone_since > self.router.wait_s:
+                        raise
+                    time.sleep(1.0)
+                    continue
                 # nothing was sampled on a failed call: another eligible replica may take it, once
                 if avoid or len(self.router.fleet.members()) < 2:
                     raise

@@ -27,9 +27,16 @@ class HttpError(RollwireError):
     """A request failed (`status` None: no answer, e.g. refused or timed out) or was answered with
     an HTTP error status; the message has the route and the answer."""
 
-    def __init__(self, message: str, status: int | None = None) -> None:
+    def __init__(self, message: str, status: int | None = None, *, unreachable: bool = False) -> None:
         super().__init__(message)
         self.status = status
+        self.unreachable = unreachable
+        """No server answered: the connection was refused, or cut before an answer (the server
+        went away). A timeout is not this: the server may still be working on the request."""
+
+
+def _unreachable(exc: Exception) -> bool:
+    return isinstance(exc, (urllib3.exceptions.NewConnectionError, urllib3.exceptions.ProtocolError))
 
 
 class JsonClient:
@@ -49,7 +56,8 @@ class JsonClient:
             response = self._pool.request(method, self.base_url + path, body=data, headers=self._headers,
                                           timeout=timeout, preload_content=not stream)
         except urllib3.exceptions.HTTPError as exc:
-            raise HttpError(f"{method} {self.base_url}{path} failed: {type(exc).__name__}: {exc}") from exc
+            raise HttpError(f"{method} {self.base_url}{path} failed: {type(exc).__name__}: {exc}",
+                            unreachable=_unreachable(exc)) from exc
         if response.status >= 400:
             content = response.data if not stream else response.read()
             response.release_conn()
@@ -78,7 +86,8 @@ class JsonClient:
             if buffered:
                 yield buffered.decode()
         except urllib3.exceptions.HTTPError as exc:
-            raise HttpError(f"{method} {path} broke off: {type(exc).__name__}: {exc}") from exc
+            raise HttpError(f"{method} {path} broke off: {type(exc).__name__}: {exc}",
+                            unreachable=_unreachable(exc)) from exc
         finally:
             response.release_conn()
 

@@ -132,6 +132,7 @@ def faust_app(settings: FaustWorkerSettings, bus: KafkaBusSettings) -> faust.App
     return faust.App(
         settings.app_id,
         broker=[f"kafka://{s.strip()}" for s in bus.bootstrap_servers.split(",")],
+        broker_credentials=bus.security.faust_credentials(),
         datadir=str(settings.data_dir / settings.app_id),
         store="memory://",
         autodiscover=False,

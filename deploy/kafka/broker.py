@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # deploy/: the shared helpers
@@ -42,6 +42,21 @@ class BrokerInfo:
     pid: int
     bootstrap: str
     run_dir: str
+    listeners: dict[str, str] = field(default_factory=dict)
+    """Address of each secured listener by protocol (`SASL_SSL`, `SSL`), when started with `Tls`."""
+
+
+@dataclass(frozen=True)
+class Tls:
+    """Secured listeners for a test broker, beside its plaintext one: `SASL_SSL` (SCRAM-SHA-512
+    users over TLS) and `SSL` requiring a client certificate (mutual TLS)."""
+
+    keystore_pem: Path
+    """The broker's private key (unencrypted PKCS#8) followed by its certificate chain."""
+    ca_pem: Path
+    """The CA whose signature a client certificate must carry."""
+    scram_users: dict[str, str] = field(default_factory=dict)
+    """SCRAM-SHA-512 users, name to password, created when the storage is formatted."""
 
 
 def libs_dir(cache: Path = DEFAULT_CACHE) -> Path:
@@ -78,17 +93,32 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _server_properties(run_dir: Path, port: int, controller_port: int) -> str:
+def _server_properties(run_dir: Path, port: int, controller_port: int, secured: dict[str, int] | None = None,
+                       tls: Tls | None = None) -> str:
     # Single node, loopback only, replication factors of 1, and group timings short enough that a
     # test sees a dead consumer's partitions move within seconds.
+    secured = secured or {}
+    extra = "".join(f",{name}://127.0.0.1:{p}" for name, p in secured.items())
+    security = []
+    if tls is not None:
+        security = [
+            "sasl.enabled.mechanisms=SCRAM-SHA-512",
+            "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config="
+            "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+            "ssl.keystore.type=PEM", f"ssl.keystore.location={tls.keystore_pem}",
+            "ssl.truststore.type=PEM", f"ssl.truststore.location={tls.ca_pem}",
+            "listener.name.ssl.ssl.client.auth=required",
+        ]
     return "\n".join([
         "process.roles=broker,controller",
         "node.id=1",
         f"controller.quorum.bootstrap.servers=127.0.0.1:{controller_port}",
-        f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
-        f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
+        f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}{extra}",
+        f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}{extra}",
         "controller.listener.names=CONTROLLER",
-        "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT" +
+        "".join(f",{name}:{name}" for name in secured),
+        *security,
         "inter.broker.listener.name=PLAINTEXT",
         f"log.dirs={run_dir / 'data'}",
         "num.partitions=1",
@@ -131,8 +161,9 @@ def _tail(path: Path, n: int = 30) -> str:
         return "(no log)"
 
 
-def start(run_dir: Path, cache: Path = DEFAULT_CACHE, heap: str = "512m") -> BrokerInfo:
-    """Formats fresh storage in `run_dir` and starts a broker there; returns once it accepts."""
+def start(run_dir: Path, cache: Path = DEFAULT_CACHE, heap: str = "512m", tls: Tls | None = None) -> BrokerInfo:
+    """Formats fresh storage in `run_dir` and starts a broker there; returns once it accepts. With
+    `tls`, also on a SASL_SSL and an SSL (client certificate required) listener."""
     if shutil.which("java") is None:
         raise BrokerError("Java 17+ (`java`) is not on PATH: Kafka 4 brokers need it "
                           "(apt-get install openjdk-17-jre-headless).")
@@ -141,15 +172,18 @@ def start(run_dir: Path, cache: Path = DEFAULT_CACHE, heap: str = "512m") -> Bro
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
     port, controller_port = _free_port(), _free_port()
+    secured = {"SASL_SSL": _free_port(), "SSL": _free_port()} if tls is not None else {}
     props = run_dir / "server.properties"
-    props.write_text(_server_properties(run_dir, port, controller_port))
+    props.write_text(_server_properties(run_dir, port, controller_port, secured, tls))
     java = _java(libs, heap)
+    users = [arg for name, password in (tls.scram_users if tls else {}).items()
+             for arg in ("--add-scram", f"SCRAM-SHA-512=[name={name},password={password}]")]
     fmt = subprocess.run(java + ["kafka.tools.StorageTool", "format", "--standalone",
-                                 "-t", uuid.uuid4().hex[:22], "-c", str(props)],
+                                 "-t", uuid.uuid4().hex[:22], "-c", str(props), *users],
                          capture_output=True, text=True)
     if fmt.returncode != 0:
         raise BrokerError(f"formatting Kafka storage failed:\n{fmt.stdout}{fmt.stderr}")
-    return _launch(java, run_dir, port)
+    return _launch(java, run_dir, port, {name: f"127.0.0.1:{p}" for name, p in secured.items()})
 
 
 def start_again(run_dir: Path, cache: Path = DEFAULT_CACHE, heap: str = "512m") -> BrokerInfo:
@@ -158,9 +192,10 @@ def start_again(run_dir: Path, cache: Path = DEFAULT_CACHE, heap: str = "512m") 
     props = run_dir / "server.properties"
     if not props.exists():
         raise BrokerError(f"no server.properties in {run_dir}: start a broker there first")
-    port = int(next(line for line in props.read_text().splitlines()
-                    if line.startswith("advertised.listeners=")).rsplit(":", 1)[1])
-    return _launch(_java(libs_dir(cache), heap), run_dir, port)
+    advertised = next(line for line in props.read_text().splitlines() if line.startswith("advertised.listeners="))
+    addresses = dict(entry.split("://") for entry in advertised.split("=", 1)[1].split(","))
+    port = int(addresses.pop("PLAINTEXT").rsplit(":", 1)[1])
+    return _launch(_java(libs_dir(cache), heap), run_dir, port, addresses)
 
 
 def _java(libs: Path, heap: str) -> list[str]:
@@ -169,13 +204,13 @@ def _java(libs: Path, heap: str) -> list[str]:
             "-cp", f"{libs}/*"]
 
 
-def _launch(java: list[str], run_dir: Path, port: int) -> BrokerInfo:
+def _launch(java: list[str], run_dir: Path, port: int, listeners: dict[str, str] | None = None) -> BrokerInfo:
     log = run_dir / "broker.log"
     with open(log, "ab") as out:
         proc = subprocess.Popen(java + ["kafka.Kafka", str(run_dir / "server.properties")], stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     _wait_for_port(port, proc, log, STARTUP_TIMEOUT_S)
-    info = BrokerInfo(pid=proc.pid, bootstrap=f"127.0.0.1:{port}", run_dir=str(run_dir))
+    info = BrokerInfo(pid=proc.pid, bootstrap=f"127.0.0.1:{port}", run_dir=str(run_dir), listeners=listeners or {})
     (run_dir / "broker.json").write_text(json.dumps(asdict(info)))
     return info
 

@@ -58,15 +58,62 @@ def unreachable(err: KafkaError) -> bool:
     return err.code() in _UNREACHABLE or (err.retriable() and not err.fatal())
 
 
-def patiently(what: str, call: Any, wait_s: float) -> Any:
+_REFUSED = {KafkaError._AUTHENTICATION, KafkaError._SSL, KafkaError.SASL_AUTHENTICATION_FAILED,
+            KafkaError.CLUSTER_AUTHORIZATION_FAILED, KafkaError.TOPIC_AUTHORIZATION_FAILED,
+            KafkaError.GROUP_AUTHORIZATION_FAILED}
+"""Answers that mean the cluster will not let this client in (credentials, certificates, ACLs)."""
+
+
+class Refusal:
+    """What the cluster said when it refused this client (librdkafka's `error_cb` of every client
+    of one log): waiting for the cluster is pointless then, and the message says why."""
+
+    FRESH_S = 30.0
+    """A refusal counts this long: librdkafka keeps trying, so a lasting one is noted again and
+    again, and one a restarting broker gave in passing is forgotten."""
+
+    SIGNS = ("Authentication failed", "SSL handshake failed", "bad certificate", "certificate verify failed",
+             "certificate required", "unknown ca")
+    """What librdkafka's messages say when TLS or SASL refused the client (a refused certificate
+    comes as a transport error)."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        self._at = 0.0
+        self._served: list[Any] = []
+
+    def serve(self, client: Any) -> Any:
+        """Has `check` serve `client`'s error callbacks (librdkafka delivers them only in `poll`);
+        an admin client or a producer, whose `poll` consumes nothing."""
+        self._served.append(client)
+        return client
+
+    def note(self, err: KafkaError) -> None:
+        if err.code() in _REFUSED or any(sign in err.str() for sign in self.SIGNS):
+            self.reason, self._at = err.str(), time.monotonic()
+        else:
+            logger.debug("kafka client error: %s", err.str())
+
+    def check(self, what: str) -> None:
+        for client in self._served:
+            client.poll(0)
+        if self.reason is not None and time.monotonic() - self._at < self.FRESH_S:
+            raise BusError(f"{what}: the Kafka cluster refused this client: {self.reason} (check bus.security: "
+                           "protocol, user and password, certificates)")
+
+
+def patiently(what: str, call: Any, wait_s: float, refused: Refusal | None = None) -> Any:
     """`call()`, asked again while the cluster is unreachable, for up to `wait_s` seconds. Logs once
-    when it starts waiting and once when the cluster answers again; other errors pass through."""
+    when it starts waiting and once when the cluster answers again; other errors pass through, and
+    so does a refusal (`refused`: bad credentials are not an outage)."""
     deadline, delay, waited_since = time.monotonic() + wait_s, 0.25, None
     while True:
         try:
             result = call()
         except KafkaException as exc:
             err = exc.args[0]
+            if refused is not None:
+                refused.check(what)
             if not isinstance(err, KafkaError) or not unreachable(err) or time.monotonic() + delay > deadline:
                 raise
             if waited_since is None:
@@ -81,11 +128,12 @@ def patiently(what: str, call: Any, wait_s: float) -> Any:
         return result
 
 
-def _topic_exists(client: Any, topic: str, wait_s: float = DEFAULT_OUTAGE_S) -> int:
+def _topic_exists(client: Any, topic: str, wait_s: float = DEFAULT_OUTAGE_S, refused: Refusal | None = None) -> int:
     """Partition count of `topic`, from cluster metadata; raises `TopicError` when absent (or when
     the cluster stayed unreachable for `wait_s`)."""
     try:
-        meta = patiently(f"metadata of {topic}", lambda: client.list_topics(topic=topic, timeout=10.0), wait_s)
+        meta = patiently(f"metadata of {topic}", lambda: client.list_topics(topic=topic, timeout=10.0), wait_s,
+                         refused)
     except KafkaException as exc:
         raise TopicError(f"could not read metadata for {topic!r}: {exc}") from exc
     info = meta.topics.get(topic)
@@ -96,8 +144,10 @@ def _topic_exists(client: Any, topic: str, wait_s: float = DEFAULT_OUTAGE_S) -> 
 
 
 class KafkaProducer(Producer):
-    def __init__(self, config: dict[str, Any], outage_s: float = DEFAULT_OUTAGE_S) -> None:
+    def __init__(self, config: dict[str, Any], outage_s: float = DEFAULT_OUTAGE_S, refused: Refusal | None = None) -> None:
+        self._refused = refused or Refusal()
         self._producer = confluent_kafka.Producer({
+            "error_cb": self._refused.note,
             "enable.idempotence": True,  # implies acks=all and ordered retries without duplicates
             "partitioner": "murmur2_random",
             "linger.ms": 5,
@@ -119,7 +169,7 @@ class KafkaProducer(Producer):
     def send(self, topic: str, value: bytes | None, *, key: bytes | None = None, headers: Headers = (),
              timestamp_ms: int | None = None, partition: int | None = None) -> None:
         if topic not in self._known:
-            _topic_exists(self._producer, topic, self._outage_s)
+            _topic_exists(self._producer, topic, self._outage_s, self._refused)
             self._known.add(topic)
         kwargs: dict[str, Any] = {"key": key, "value": value, "on_delivery": self._on_delivery}
         if headers:
@@ -144,7 +194,10 @@ class KafkaProducer(Producer):
     def flush(self, timeout_s: float | None = None) -> None:
         # None: until each record is delivered or has failed (after message.timeout.ms of retries)
         timeout = self._delivery_s + 5.0 if timeout_s is None else timeout_s
-        remaining = self._producer.flush(timeout)
+        deadline = time.monotonic() + timeout
+        while (remaining := self._producer.flush(min(1.0, max(0.0, deadline - time.monotonic())))) and \
+                time.monotonic() < deadline:
+            self._refused.check("sending")
         failures, self._failures = self._failures, []
         if remaining:
             failures.append(("*", None, f"{remaining} record(s) still queued after {timeout:.0f} s"))
@@ -161,12 +214,15 @@ class KafkaConsumer(Consumer):
 
     def __init__(self, config: dict[str, Any], topics: Sequence[str], *, group_id: str | None = None,
                  reset: OffsetReset = "earliest", session_timeout_s: float = 10.0,
-                 start: StartAt | None = None, outage_s: float = DEFAULT_OUTAGE_S) -> None:
+                 start: StartAt | None = None, outage_s: float = DEFAULT_OUTAGE_S,
+                 refused: Refusal | None = None) -> None:
         if not topics:
             raise BusError("a consumer needs at least one topic")
         session_ms = int(session_timeout_s * 1000)
         self._grouped = group_id is not None
+        self._refused = refused or Refusal()
         self._consumer = confluent_kafka.Consumer({
+            "error_cb": self._refused.note,
             "group.id": group_id or f"rollwire-reader-{uuid.uuid4().hex}",
             "enable.auto.commit": False,
             "auto.offset.reset": reset,
@@ -178,7 +234,7 @@ class KafkaConsumer(Consumer):
         })
         self._consumed: dict[tuple[str, int], int] = {}
         self._outage_s = outage_s
-        partitions = {t: _topic_exists(self._consumer, t, outage_s) for t in topics}
+        partitions = {t: _topic_exists(self._consumer, t, outage_s, self._refused) for t in topics}
         if self._grouped:
             self._consumer.subscribe(list(topics), on_revoke=self._on_revoke)
         else:
@@ -195,7 +251,7 @@ class KafkaConsumer(Consumer):
         if isinstance(start, AtTime):
             query = [TopicPartition(tp.topic, tp.partition, start.timestamp_ms) for tp in tps]
             found = patiently("offsets by time", lambda: self._consumer.offsets_for_times(query, timeout=10.0),
-                              self._outage_s)
+                              self._outage_s, self._refused)
             return [TopicPartition(tp.topic, tp.partition,
                                    tp.offset if tp.offset >= 0 else confluent_kafka.OFFSET_END)
                     for tp in found]
@@ -212,6 +268,8 @@ class KafkaConsumer(Consumer):
                 return None
             if err.fatal():
                 raise BusError(f"fatal consumer error: {err.str()}")
+            if err.code() in _REFUSED:
+                raise BusError(f"the Kafka cluster refused this consumer: {err.str()} (check bus.security)")
             if not unreachable(err):  # the cluster away: librdkafka reconnects, and says so in its log
                 logger.warning("consumer error on %s: %s", msg.topic(), err.str())
             return None
@@ -222,6 +280,7 @@ class KafkaConsumer(Consumer):
         return record
 
     def poll_batch(self, max_records: int, timeout_s: float = 1.0) -> list[Record]:
+        self._refused.check("reading")
         deadline = time.monotonic() + timeout_s
         first = None
         while first is None:
@@ -250,7 +309,8 @@ class KafkaConsumer(Consumer):
             return
         positions = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
         try:
-            patiently("commit", lambda: self._consumer.commit(offsets=positions, asynchronous=False), self._outage_s)
+            patiently("commit", lambda: self._consumer.commit(offsets=positions, asynchronous=False), self._outage_s,
+                      self._refused)
         except KafkaException as exc:
             err = exc.args[0]
             if err.code() in _FENCED:
@@ -277,13 +337,15 @@ class KafkaLog(EventLog):
         self._config: dict[str, Any] = {"bootstrap.servers": bootstrap_servers, **(client_config or {})}
         self._replication_factor = replication_factor
         self._outage_s = outage_s
-        self._admin = AdminClient({**self._config, "logger": logger})  # type: ignore[dict-item]  # librdkafka takes a Logger
+        self._refused = Refusal()
+        self._admin = self._refused.serve(AdminClient({**self._config, "logger": logger, "error_cb": self._refused.note}))  # type: ignore[dict-item]  # librdkafka takes a Logger
         self._meta: confluent_kafka.Consumer | None = None
 
     def _metadata_consumer(self) -> confluent_kafka.Consumer:
         if self._meta is None:
             self._meta = confluent_kafka.Consumer({**self._config, "group.id": "rollwire-metadata",
-                                                   "enable.auto.commit": False, "logger": logger})
+                                                   "enable.auto.commit": False, "logger": logger,
+                                                   "error_cb": self._refused.note})
         return self._meta
 
     def create_topics(self, topics: Iterable[TopicConfig]) -> None:
@@ -297,9 +359,14 @@ class KafkaLog(EventLog):
                                 replication_factor=self._replication_factor, config=config))
         if not new:
             return
+        try:  # reached first: a refused client learns why within seconds, not after a creation timeout
+            patiently("reaching the cluster", lambda: self._admin.list_topics(timeout=10), self._outage_s, self._refused)
+        except KafkaException as exc:
+            raise TopicError(f"could not reach the Kafka cluster to create topics: {exc.args[0].str()}") from exc
         for created in new:
             try:
-                patiently(f"creating {created.topic}", lambda t=created: self._create(t), self._outage_s)
+                patiently(f"creating {created.topic}", lambda t=created: self._create(t), self._outage_s,
+                          self._refused)
             except KafkaException as exc:
                 raise TopicError(f"could not create topic {created.topic!r}: {exc.args[0].str()}") from exc
         for created in new:  # creation is asynchronous on the brokers: wait until metadata shows it
@@ -317,7 +384,7 @@ class KafkaLog(EventLog):
         deadline = time.monotonic() + timeout_s
         while True:
             meta = patiently(f"metadata of {topic}", lambda: self._admin.list_topics(topic=topic, timeout=10),
-                             self._outage_s)
+                             self._outage_s, self._refused)
             info = meta.topics.get(topic)
             if info is not None and info.error is None and info.partitions and \
                     all(p.leader >= 0 for p in info.partitions.values()):
@@ -327,35 +394,35 @@ class KafkaLog(EventLog):
             time.sleep(0.1)
 
     def partitions(self, topic: str) -> int:
-        return _topic_exists(self._admin, topic, self._outage_s)
+        return _topic_exists(self._admin, topic, self._outage_s, self._refused)
 
     def producer(self) -> KafkaProducer:
-        return KafkaProducer(self._config, self._outage_s)
+        return KafkaProducer(self._config, self._outage_s, self._refused)
 
     def consumer(self, topics: Sequence[str], group_id: str, *, reset: OffsetReset = "earliest",
                  session_timeout_s: float = 10.0) -> KafkaConsumer:
         if not group_id:
             raise BusError("a group consumer needs a non-empty group_id")
         return KafkaConsumer(self._config, topics, group_id=group_id, reset=reset,
-                             session_timeout_s=session_timeout_s, outage_s=self._outage_s)
+                             session_timeout_s=session_timeout_s, outage_s=self._outage_s, refused=self._refused)
 
     def reader(self, topics: Sequence[str], start: StartAt = Beginning()) -> KafkaConsumer:
-        return KafkaConsumer(self._config, topics, start=start, outage_s=self._outage_s)
+        return KafkaConsumer(self._config, topics, start=start, outage_s=self._outage_s, refused=self._refused)
 
     def end_offsets(self, topic: str) -> dict[int, int]:
         consumer = self._metadata_consumer()
-        n = _topic_exists(consumer, topic, self._outage_s)
+        n = _topic_exists(consumer, topic, self._outage_s, self._refused)
         return {p: patiently(f"end offset of {topic}", lambda p=p: _high_watermark(consumer, TopicPartition(topic, p)),
-                             self._outage_s)
+                             self._outage_s, self._refused)
                 for p in range(n)}
 
     def committed(self, group_id: str, topic: str) -> dict[int, int]:
-        n = _topic_exists(self._admin, topic, self._outage_s)
+        n = _topic_exists(self._admin, topic, self._outage_s, self._refused)
         probe = confluent_kafka.Consumer({**self._config, "group.id": group_id, "enable.auto.commit": False,
                                           "logger": logger})
         try:
             found = patiently(f"{group_id}'s offsets", lambda: probe.committed(
-                [TopicPartition(topic, p) for p in range(n)], timeout=10), self._outage_s)
+                [TopicPartition(topic, p) for p in range(n)], timeout=10), self._outage_s, self._refused)
         finally:
             probe.close()
         return {tp.partition: tp.offset for tp in found if tp.offset >= 0}

@@ -18,12 +18,21 @@ def add_bus_options(parser: argparse.ArgumentParser) -> None:
                             "$KAFKA_BOOTSTRAP_SERVERS or %(default)s)")
     group.add_argument("--prefix", default="rollwire",
                        help="topic prefix: topics are <prefix>.<name> (default: %(default)s)")
+    group.add_argument("--kafka-security", type=Path, metavar="TOML",
+                       help="a TOML file with a [bus.security] table, as in a recipe: SASL_SSL (SCRAM over TLS) "
+                            "or mutual TLS; the password from $KAFKA_PASSWORD or the file it names")
 
 
 def bus_settings(args: argparse.Namespace):
     from rollwire.bus import EmbeddedBusSettings, KafkaBusSettings
+    from rollwire.bus.settings import KafkaSecurity
     if args.bus == "kafka":
-        return KafkaBusSettings(bootstrap_servers=args.bootstrap)
+        security = KafkaSecurity()
+        if getattr(args, "kafka_security", None) is not None:
+            import tomllib
+            table = tomllib.loads(args.kafka_security.read_text()).get("bus", {}).get("security", {})
+            security = KafkaSecurity.model_validate(table)
+        return KafkaBusSettings(bootstrap_servers=args.bootstrap, security=security)
     return EmbeddedBusSettings(path=args.log_dir)
 
 

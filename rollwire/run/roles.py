@@ -41,7 +41,8 @@ def run_replica(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
     from rollwire.objectstore import open_store
     cache = recipe.run_dir / ("replica-cache" if index == 0 else f"replica-cache-{index}")
     subscriber = WeightSubscriberSettings(replica_id=f"replica-{index}", policy=recipe.trainer.policy, cache_dir=cache)
-    Replica(log, topics, open_store(recipe.store), recipe.server_settings(index), subscriber).run()
+    server = recipe.server_settings(index).model_copy(update={"pid_file": cache / "vllm.pid"})
+    Replica(log, topics, open_store(recipe.store), server, subscriber).run()
 
 
 def run_scorer(recipe: RunRecipe, log, topics: Topics, index: int) -> None:

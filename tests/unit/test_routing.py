@@ -162,3 +162,51 @@ def test_the_router_follows_the_fleet_topic(log, topics):
     finally:
         router.close()
         producer.close()
+
+
+def test_a_call_to_the_only_replica_waits_while_it_restarts_instead_of_failing():
+    """Nothing listens on the replica's port for two seconds (its server restarting); then it
+    answers. The call waits for it: nothing was sampled, so nothing is lost."""
+    import json
+    import socket
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from rollwire.consumers.vllm_control import VllmControl
+
+    class Tokenize(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            body = json.dumps({"tokens": [1, 2, 3]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    servers = []
+
+    def come_back():
+        time.sleep(2.0)
+        servers.append(ThreadingHTTPServer(("127.0.0.1", port), Tokenize))
+        servers[0].serve_forever()
+
+    threading.Thread(target=come_back, daemon=True).start()
+    router = Router.single(VllmControl(f"http://127.0.0.1:{port}", timeout_s=5))
+    started = time.monotonic()
+    try:
+        assert router.route().tokenize("abc") == [1, 2, 3]
+        assert 1.5 < time.monotonic() - started < 10
+        router.wait_s = 0.5  # and a replica that stays away fails the call, with the reason
+        servers[0].shutdown()
+        servers[0].server_close()
+        with pytest.raises(VllmError, match="NewConnectionError|refused"):
+            router.route().tokenize("abd")
+    finally:
+        router.close()

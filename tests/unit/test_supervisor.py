@@ -58,3 +58,27 @@ def test_a_crash_now_and_then_is_restarted_for_as_long_as_the_run_lasts(tmp_path
         assert "scorer-0 exited with code 3 2 times within 60 s" in str(exc)
     else:
         raise AssertionError("a crash loop was restarted without end")
+
+
+def test_a_vllm_server_a_killed_replica_left_behind_is_ended_by_the_next_start(tmp_path):
+    """What `kill -9` of a replica can leave: its server (here a stand-in whose command line says
+    vllm) still running in its own process group. The next server's start ends it, and leaves a
+    process that is not vLLM's alone even if the noted id names its group."""
+    from rollwire.consumers.vllm_server import VllmServer, VllmServerSettings
+    sleeper = "import time; time.sleep(60)"
+    left = subprocess.Popen([sys.executable, "-c", sleeper, "vllm.entrypoints.openai.api_server"],
+                            start_new_session=True)
+    other = subprocess.Popen([sys.executable, "-c", sleeper, "not-an-inference-server"], start_new_session=True)
+    try:
+        pid_file = tmp_path / "vllm.pid"
+        server = VllmServer(VllmServerSettings(model="m", pid_file=pid_file))
+        pid_file.write_text(str(other.pid))
+        server._end_left_behind()
+        assert other.poll() is None
+        pid_file.write_text(str(left.pid))
+        server._end_left_behind()
+        assert left.wait(timeout=5) == -9
+    finally:
+        for proc in (left, other):
+            proc.kill()
+            proc.wait()
