@@ -2,10 +2,11 @@
 random moment and the Kafka broker goes away for 20-30 s; then the run's accounts, from its
 events alone.
 
-    python bench/chaos.py [--steps 50] [--seed 0] [--gap 2] [--json FILE] [--keep]
+    python bench/chaos.py [--steps 40] [--seed 0] [--gap 2] [--json FILE] [--keep]
 
-It starts its own broker (deploy/kafka/broker.py, on loopback) and a short recipe: a tiny model on
-reverse-digits, one inference replica, two env workers, one trainer. The faults come in a random
+It starts its own broker (deploy/kafka/broker.py, on loopback) and a short recipe (the whole-run
+benchmarks' `bench/env_bound.py`): a tiny model on reverse-digits, environments taking ~20 ms,
+one inference replica, two env workers, one trainer. The faults come in a random
 order (`--seed`), one at a time: each waits until the run has made `--gap` more steps since the
 last one, then a random 0-2 s more, then
 
@@ -43,39 +44,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO / "deploy" / "kafka"))
 import broker as local_broker  # noqa: E402
+from env_bound import env_bound_recipe  # noqa: E402
 from soak import components  # noqa: E402
 
 COMPONENTS = ("dispatcher-0", "env-worker-0", "env-worker-1", "scorer-0", "trainer-0", "replica-0", "vllm-0")
 FAULTS = (*COMPONENTS, "broker")
 
-RECIPE = """
-name = "{name}"
-steps = {steps}
-
-[model.tiny]
-seed = 1
-
-[warm_start]
-steps = 40
-
-[[environments]]
-name = "reverse-digits"
-algorithm = "grpo-nostd"
-group_size = 4
-options = {{ seed = 3 }}
-sampling = {{ temperature = 1.0, max_tokens = 8 }}
-
-[env_workers]
-concurrency = 8
-count = 2
-
-[scorer]
-group_timeout_s = 60
-
-[trainer.batch]
-batch_rollouts = 16
-max_off_policy = 1
-"""
 
 
 class Chaos:
@@ -93,7 +67,9 @@ class Chaos:
 
     def start(self) -> None:
         recipe = self.folder / f"{self.name}.toml"
-        recipe.write_text(RECIPE.format(name=self.name, steps=self.steps))
+        # the whole-run benchmarks' recipe, environments a little slow (median 20 ms), one step
+        # behind at most, two env workers: every kind of component, each one of its role
+        recipe.write_text(env_bound_recipe(name=self.name, steps=self.steps, scale=0.02, workers=2, max_off_policy=1))
         command = [sys.executable, "-m", "rollwire", "run", str(recipe), "--run-dir", str(self.run_dir),
                    "--bus", "kafka", "--bootstrap", self.broker.bootstrap]
         self.run = subprocess.Popen(command, stdout=open(self.folder / "run.out", "w"), stderr=subprocess.STDOUT,
@@ -218,7 +194,7 @@ def leftovers(folder: Path) -> list[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=50, help="trainer steps of the run (default %(default)s)")
+    parser.add_argument("--steps", type=int, default=40, help="trainer steps of the run (default %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="order and moments of the faults (default %(default)s)")
     parser.add_argument("--gap", type=int, default=2, help="steps the run makes between two faults (default %(default)s)")
     parser.add_argument("--outage", default="20-30", help="seconds the broker stays away, LOW-HIGH (default %(default)s)")

@@ -121,3 +121,18 @@ def test_bad_settings_files_name_the_field_to_change(tmp_path):
     assert score.returncode != 0 and "scorer.group_timeout_s" in score.stderr and "Traceback" not in score.stderr
     missing = rollwire("score", "--config", str(tmp_path / "none.toml"))
     assert "cannot read --config" in missing.stderr
+
+
+def test_single_role_commands_take_kafka_security_from_a_recipe_like_table(tmp_path):
+    import argparse
+
+    from rollwire.cli.options import add_bus_options, bus_settings
+    (tmp_path / "kafka.toml").write_text('[bus.security]\nprotocol = "SASL_SSL"\nusername = "scorer"\n'
+                                         f'ca_file = "{tmp_path / "ca.pem"}"\n')
+    parser = argparse.ArgumentParser()
+    add_bus_options(parser)
+    args = parser.parse_args(["--bus", "kafka", "--bootstrap", "k1:9093", "--kafka-security", str(tmp_path / "kafka.toml")])
+    settings = bus_settings(args)
+    assert settings.security.protocol == "SASL_SSL" and settings.security.username == "scorer"
+    config = settings.client_settings({"KAFKA_PASSWORD": "pw"})
+    assert config["sasl.mechanisms"] == "SCRAM-SHA-512" and config["ssl.ca.location"] == str(tmp_path / "ca.pem")
