@@ -138,14 +138,19 @@ def main() -> None:
         worst = max(worst, share)
         print(f"{name:<14} {after[-1][1]:8.0f} {share:8.1f}% {after[-1][2]:5d} {fds:7.1f}")
     rate = _rate_held(rows, warm, total, first_step_at)
+    (folder / "samples.json").write_text(json.dumps(samples))  # (seconds, RSS MB, fds) per component
     print(f"steps: {len(rows)}; trained rollouts per minute, last quarter vs first quarter after warm-up: {rate:.2f}")
     print(f"RESULT minutes={args.minutes:g} worst_rss_growth_pct_per_h={worst:.3g} rate_held={rate:.3g} steps={len(rows)}")
 
 
 def _rate_held(rows: list[dict], warm: float, total: float, first_step_at: float | None) -> float:
-    """Rollouts trained per minute in the run's last quarter over those in the first quarter after warm-up."""
+    """Rollouts trained per minute in the run's last quarter over those in the first quarter after
+    warm-up. The run ends at its last step, not at `total`: the watch starts when the metrics file
+    appears and the last step comes a little before the stop, so a window running to `total`
+    would count time in which no step could be seen (a fifth of the last quarter, measured)."""
     if not rows or first_step_at is None:
         return float("nan")
+    total = min(total, rows[-1]["time_ms"] / 1000 - first_step_at)
     quarter = (total - warm) / 4
 
     def per_minute(start: float, end: float) -> float:
