@@ -163,11 +163,12 @@ class Router:
                         unit="{request}", description="requests open on each replica, from this router")
 
     @classmethod
-    def single(cls, control: VllmControl) -> Router:
-        """One replica at a known URL: every call goes there."""
+    def single(cls, control: VllmControl, *, wait_s: float = 60.0) -> Router:
+        """One replica at a known URL: every call goes there (waiting up to `wait_s` while it
+        cannot be reached)."""
         fleet = FleetView()
         fleet.add_static(getattr(control, "base_url", "") or "replica", control)
-        return cls(fleet)
+        return cls(fleet, wait_s=wait_s)
 
     def follow(self, log: EventLog, topics: Topics, poll_s: float = 0.5) -> Router:
         """Keeps the fleet view current from the `fleet` topic, in a background thread."""

@@ -10,6 +10,7 @@ from rollwire.consumers.vllm_control import VllmControl
 from rollwire.producers.env_worker import EnvWorker
 from rollwire.producers.harnesses import script_harness
 from rollwire.producers.interception_server import InterceptionServer
+from rollwire.producers.routing import Router
 from rollwire.producers.tasksets import load_taskset
 from rollwire.schemas import Codec, TaskAssigned, Topics
 
@@ -23,7 +24,8 @@ def run(tmp_path, task_rows, **worker_args):
         producer.send(topics.tasks, TaskAssigned(task_id=f"t{i}", environment="reverse-digits", algorithm="grpo",
                                                  group_size=2, task=row, policy_version=0), key=f"g{i}")
     producer.close()
-    worker = EnvWorker(log, topics, VllmControl("http://127.0.0.1:9", timeout_s=2),
+    # nothing listens there: each call waits `wait_s` for the replica to come back, then errors
+    worker = EnvWorker(log, topics, Router.single(VllmControl("http://127.0.0.1:9", timeout_s=2), wait_s=0.5),
                        {"reverse-digits": load_taskset("reverse-digits", count=1)}, **worker_args)
     published = sum(worker.step(timeout_s=0.5) for _ in range(4))
     worker.close()
