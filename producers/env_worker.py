@@ -54,10 +54,11 @@ from rollwire.bus import CommitFailedError, DeadLetters, Delivery, EventConsumer
 from rollwire.consumers.vllm_control import VllmControl, VllmError
 from rollwire.objectstore import ObjectStore
 from rollwire.producers.assembly import assemble
-from rollwire.producers.harnesses import Harness, HarnessTimeout
+from rollwire.producers.harnesses import Harness, HarnessTimeout, ResourceLimit
 from rollwire.producers.interception import InferenceGate, Interceptor
 from rollwire.producers.routing import Router
 from rollwire.producers.runtimes import RUNTIMES, Runtime
+from rollwire.producers.sandbox import Container, ContainerSettings
 from rollwire.producers.tasksets import RolloutView, Taskset
 from rollwire.schemas.base import now_ms
 from rollwire.schemas.errors import EventTooLargeError
@@ -122,8 +123,11 @@ class EnvWorkerSettings(BaseModel):
     must hold in memory per sample bounded whatever an agent does."""
     rollout_timeout_s: float = Field(default=120.0, gt=0)
     """A rollout still running after this long is published errored (`timeout`)."""
-    runtime: Literal["in-process", "subprocess"] = "in-process"
-    """Where the taskset's harness runs (`rollwire.producers.runtimes`)."""
+    runtime: Literal["in-process", "subprocess", "container"] = "in-process"
+    """Where the taskset's harness runs (`rollwire.producers.runtimes`; `container`: one container per
+    rollout with no network but its model URL, `rollwire.producers.sandbox`)."""
+    container: ContainerSettings = Field(default_factory=ContainerSettings)
+    """The image, agent program and limits of the `container` runtime."""
     simulated_latency: SimulatedLatency | None = None
     """Add a random delay to every rollout (benchmarks); None in real runs."""
     drain_s: float = Field(default=5.0, ge=0)
@@ -197,7 +201,8 @@ class EnvWorker:
         self.producer = EventProducer(log.producer(), topics, name=self.settings.name)
         self.consumer = EventConsumer(log.consumer([topics.tasks], self.settings.group_id),
                                       DeadLetters(self.producer, self.settings.name), group=self.settings.group_id)
-        self.runtime: Runtime = RUNTIMES[self.settings.runtime]()
+        self.runtime: Runtime = (Container(self.settings.container) if self.settings.runtime == "container"
+                                 else RUNTIMES[self.settings.runtime]())
         self.inference_gate = InferenceGate(self.settings.inference_concurrency, self.settings.inference_window_s,
                                             rollouts=lambda: len(self._slots))
         latency = self.settings.simulated_latency
@@ -269,7 +274,7 @@ class EnvWorker:
             parent = telemetry.context_from_headers(delivery.record.headers)
         record = delivery.record
         job = _Task(delivery, taskset, parent, unpublished=task.group_size)
-        deadline = time.monotonic() + self.settings.rollout_timeout_s
+        deadline = time.monotonic() + self.settings.rollout_timeout_s + self.runtime.watchdog_grace_s
         with self._lock:
             self._open.setdefault((record.topic, record.partition), {})[record.offset] = job
             slots = [_Slot(job, i, deadline) for i in range(task.group_size)]
@@ -352,7 +357,8 @@ class EnvWorker:
                                           timeout_s=self.settings.rollout_timeout_s)
         except Exception as exc:  # harness code is user code: report it on the rollout
             kind = ("too_long" if interceptor.too_long else "inference" if isinstance(exc, VllmError) else
-                    "timeout" if isinstance(exc, HarnessTimeout) else "harness_crash")
+                    "timeout" if isinstance(exc, HarnessTimeout) else
+                    "resource_limit" if isinstance(exc, ResourceLimit) else "harness_crash")
             return self._errored(task, index, kind, f"{type(exc).__name__}: {exc}")
         if interceptor.too_long:  # the harness caught the refusal and went on: still over the limit
             return self._errored(task, index, "too_long", interceptor.too_long)

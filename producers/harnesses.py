@@ -45,6 +45,10 @@ class HarnessTimeout(HarnessError):
     """The harness ran past its time limit."""
 
 
+class ResourceLimit(HarnessError):
+    """The harness's sandbox hit a limit (memory, processes); the message names which and the setting."""
+
+
 def completion_harness(row: dict, interceptor: Interceptor) -> str:
     return interceptor.complete(row["prompt"])
 

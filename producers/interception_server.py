@@ -4,6 +4,8 @@
     POST <base_url>/chat/completions       ->  interceptor.chat(messages): recorded in tokens
     POST <base_url>/completions            ->  interceptor.complete(prompt): raw text, recorded in tokens
     server.close(base_url)                 ->  the URL stops answering (404)
+    server.listen_unix(path)               ->  the same routes on a Unix socket too (containers with
+                                              no network reach their rollout through it)
 
 The agent sees a normal chat-completions API; sampling settings come from the task (whatever
 the agent asks for temperature or max_tokens is ignored), and every call lands in that
@@ -17,6 +19,8 @@ import secrets
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from socketserver import ThreadingUnixStreamServer
 
 from rollwire.producers.interception import Interceptor, RolloutTooLong
 
@@ -48,8 +52,8 @@ class InterceptionServer:
         self._rollouts: dict[str, Interceptor] = {}
         self._lock = threading.Lock()
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="interception", daemon=True)
-        self._thread.start()
+        self._unix: list[ThreadingUnixStreamServer] = []
+        threading.Thread(target=self._httpd.serve_forever, name="interception", daemon=True).start()
 
     @property
     def port(self) -> int:
@@ -65,15 +69,33 @@ class InterceptionServer:
         with self._lock:
             self._rollouts.pop(base_url.rstrip("/").split("/")[-2], None)
 
+    def listen_unix(self, path: Path) -> None:
+        """Serves every rollout's routes on the Unix socket `path` too (created here, readable and
+        writable by anyone who can reach its folder: a container's unprivileged user)."""
+        unix = ThreadingUnixStreamServer(str(path), self._handler())
+        unix.daemon_threads = True
+        path.chmod(0o666)
+        self._unix.append(unix)
+        threading.Thread(target=unix.serve_forever, name="interception-unix", daemon=True).start()
+
+    @staticmethod
+    def route(base_url: str) -> str:
+        """The path part of a rollout's URL (`/rollouts/<token>/v1`): the same on every listener."""
+        return "/" + base_url.split("/", 3)[3]
+
     def shutdown(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        for server in [self._httpd, *self._unix]:
+            server.shutdown()
+            server.server_close()
 
     def _handler(self):
         server = self
 
         class Handler(BaseHTTPRequestHandler):
             timeout = READ_TIMEOUT_S
+
+            def address_string(self) -> str:  # a Unix socket's peer has no address
+                return str(self.client_address or "unix")
 
             def do_POST(self) -> None:  # noqa: N802 - the http.server API
                 parts = self.path.strip("/").split("/")

@@ -9,7 +9,7 @@ A harness reaches the model only through the client it is handed (`complete(prom
                  `/completions` and `/chat/completions`); its answer comes back on stdout; past the
                  time limit the child is killed
 
-A container or remote-sandbox runtime is one more `Runtime` with the same contract: start
+A container runtime (`rollwire.producers.sandbox`) is one more `Runtime` with the same contract: start
 something that can reach the interception URL, hand it the task row and the harness reference,
 read back the answer. Tasksets and harnesses do not change: every call is still recorded by the
 rollout's `Interceptor`, on the worker's side of the URL.
@@ -52,6 +52,9 @@ class Runtime(ABC):
     """Runs one rollout's harness and returns its final answer text."""
 
     name: ClassVar[str]
+    watchdog_grace_s: ClassVar[float] = 0.0
+    """How long past the rollout's time limit the worker waits before timing the rollout out itself:
+    a runtime that enforces the limit on its own gets the time to say why it ended it."""
 
     @abstractmethod
     def run(self, harness: str, row: dict, interceptor: Interceptor, *, timeout_s: float) -> str:
@@ -74,6 +77,7 @@ class Subprocess(Runtime):
     """The harness runs in a child Python process that reaches the model through the rollout's URL."""
 
     name = "subprocess"
+    watchdog_grace_s = 5.0
 
     def __init__(self, server: InterceptionServer | None = None, *, python: str = sys.executable) -> None:
         self.server = server or InterceptionServer()

@@ -26,7 +26,8 @@
     │   └── NoReplica          rollwire.producers.routing — no replica serves a version the rollout may use
     ├── VllmServerError        rollwire.consumers.vllm_server — the server could not start, or died
     ├── HarnessError           rollwire.producers.harnesses — a harness could not finish a rollout
-    │   └── HarnessTimeout
+    │   ├── HarnessTimeout
+    │   └── ResourceLimit      (the harness's container hit its memory or process limit)
     ├── EndpointError          rollwire.producers.evaluate — an evaluated endpoint failed
     ├── TeacherError           rollwire.streams.teacher — the distillation teacher failed
     └── RunFailed              rollwire.run.supervisor — a component of a run kept failing

@@ -86,9 +86,11 @@ class RolloutTimings(Part):
 class RolloutError(Part):
     """Why a rollout has no usable result. Errored rollouts are published, counted, never trained."""
 
-    kind: Literal["harness_crash", "timeout", "inference", "reward", "invalid_task", "abandoned", "too_long"]
+    kind: Literal["harness_crash", "timeout", "inference", "reward", "invalid_task", "abandoned", "too_long",
+                  "resource_limit"]
     """What failed; `abandoned`: the env worker stopped before the rollout finished; `too_long`: a call
-    would have passed the env worker's `max_rollout_tokens`."""
+    would have passed the env worker's `max_rollout_tokens`; `resource_limit`: the harness's container
+    hit its memory or process limit."""
     message: str
     """Human-readable reason, e.g. the exception text or the exit code."""
 

@@ -162,7 +162,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         for report in terminalreporter.stats.get(outcome, []):
             if report.when != "call" and outcome != "error" and outcome != "skipped":
                 continue
-            for marker in ("kafka", "vllm", "mlflow"):
+            for marker in ("kafka", "vllm", "mlflow", "container", "stack"):
                 if marker in getattr(report, "keywords", {}):
                     counts.setdefault(marker, {}).setdefault(outcome, 0)
                     counts[marker][outcome] += 1

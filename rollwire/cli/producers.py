@@ -61,7 +61,10 @@ def add_env_worker(sub) -> None:
     worker.add_argument("--option", action="append", default=[], metavar="ENV.KEY=VALUE",
                         help="taskset option, e.g. math-word.path=data.jsonl (repeatable)")
     worker.add_argument("--agent-command", help="run this agent program for every rollout instead of the taskset's "
-                                                "harness; it gets OPENAI_BASE_URL and ROLLWIRE_TASK")
+                                                "harness; it gets OPENAI_BASE_URL and ROLLWIRE_TASK (with --runtime "
+                                                "container it runs in the rollout's container)")
+    worker.add_argument("--container-image", metavar="IMAGE",
+                        help="with --runtime container: the image each rollout runs in (default local/python:3.11)")
     add_settings_flags(worker.add_argument_group("worker (settings of rollwire.producers.env_worker.EnvWorkerSettings)"),
                        EnvWorkerSettings, WORKER_FLAGS)
     worker.add_argument("--exit-when-idle", type=float, metavar="SECONDS", help="stop after SECONDS without tasks")
@@ -125,14 +128,20 @@ def cmd_env_worker(args: argparse.Namespace) -> int:
     from rollwire.schemas.topics import Topics
     tasksets = _tasksets(args.env, args.option)
     topics = Topics(args.prefix)
-    server = InterceptionServer() if args.agent_command else None
+    settings = EnvWorkerSettings(**settings_flags(args, WORKER_FLAGS))
+    if settings.runtime == "container":  # the agent program runs in each rollout's container
+        settings.container = settings.container.model_copy(update={
+            k: v for k, v in (("command", args.agent_command and shlex.split(args.agent_command)),
+                              ("image", args.container_image)) if v})
+    elif args.container_image:
+        raise SystemExit("--container-image needs --runtime container")
+    server = InterceptionServer() if args.agent_command and settings.runtime != "container" else None
     harness = script_harness(shlex.split(args.agent_command), server) if server else None
     with open_log(bus_settings(args)) as log:
         log.create_topics(catalog_topics(topics))
         router = (Router.single(VllmControl(args.base_url)) if args.base_url
                   else Router(FleetView()).follow(log, topics))
-        worker = EnvWorker(log, topics, router, tasksets,
-                           EnvWorkerSettings(**settings_flags(args, WORKER_FLAGS)), harness=harness,
+        worker = EnvWorker(log, topics, router, tasksets, settings, harness=harness,
                            store=open_store(store_settings(args)))
         try:
             worker.run(idle_exit_s=args.exit_when_idle)

@@ -10,7 +10,6 @@ containers, network and volumes, and the engine if it started it.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import socket
@@ -23,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from docker_engine import engine_with_images
 
 pytestmark = [pytest.mark.stack, pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -31,14 +31,6 @@ STEPS = 6
 ROLES = ("inference", "env-worker", "scorer", "trainer", "dispatcher", "gateway", "feedback-api", "joiner")
 SERVE_TOKEN = "stack-app-" + uuid.uuid4().hex
 FEEDBACK_TOKEN = "stack-feedback-" + uuid.uuid4().hex
-
-
-def _deploy_module(name: str):
-    spec = importlib.util.spec_from_file_location(f"rollwire_stack_{name}", REPO / "deploy/stack" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _free_port() -> int:
@@ -104,25 +96,14 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
-    engine_module = _deploy_module("engine")
-    try:
-        engine = engine_module.ensure()
-    except engine_module.EngineError as exc:
-        pytest.fail(f"the stack test needs a Docker engine: {exc}", pytrace=False)
-    stack = Stack()
-    try:
-        images = _deploy_module("images")
+    # what is missing, and rollwire's from this checkout (layer cache)
+    with engine_with_images(["debian", "python", "kafka", "s3", "jaeger", "rollwire"], "the stack test"):
+        stack = Stack()
         try:
-            images.build(list(images.IMAGES))  # what is missing, and rollwire's from this checkout (layer cache)
-        except images.BuildError as exc:
-            pytest.fail(f"building the stack's images failed: {exc}", pytrace=False)
-        stack.compose("up", "-d", "--no-build", timeout_s=900)
-        yield stack
-    finally:
-        try:
-            stack.compose("down", "-v", "--remove-orphans", "--timeout", "20", check=False)
+            stack.compose("up", "-d", "--no-build", timeout_s=900)
+            yield stack
         finally:
-            engine_module.stop(engine)
+            stack.compose("down", "-v", "--remove-orphans", "--timeout", "20", check=False)
 
 
 def _wait_for(what: str, check, stack: Stack, timeout_s: float):

@@ -94,7 +94,7 @@ ENV = "[[environments]]\nname = 'reverse-digits'\n"
      "unknown group reward 'shortest'; valid: shortest_correct \\(did you mean 'shortest_correct'\\?\\)"),
     (ENV + "[scorer.group_rewards]\nreverse-digits = [{ name = 'shortest_correct', bonnus = 1 }]",
      "group reward shortest_correct has no option 'bonnus' \\(did you mean 'bonus'\\?\\)"),
-    (ENV + "[env_workers]\nruntime = 'docker'", "env_workers.runtime: Input should be 'in-process' or 'subprocess'"),
+    (ENV + "[env_workers]\nruntime = 'docker'", "env_workers.runtime: Input should be 'in-process', 'subprocess' or 'container'"),
 ])
 def test_bad_recipes_say_what_to_change(tmp_path, text, message):
     path = tmp_path / "bad.toml"

@@ -1,0 +1,239 @@
+"""The container runtime: each rollout's agent or harness runs in a container of its own.
+
+    [env_workers]
+    runtime = "container"
+    [env_workers.container]
+    image = "local/python:3.11"          # any image with a python3 (deploy/stack/images.py builds this one)
+    command = ["python3", "/agents/agent.py"]   # an agent program; omit it to run the taskset's harness
+    mounts = ["/srv/agents:/agents"]     # read-only
+    memory_mb = 512
+    cpus = 1.0
+    pids = 64
+
+One `docker run` per rollout (about half a second of start-up on these machines; a warm pool is not
+built), with:
+
+    no network      `--network none`: the container's only interface is its own loopback. The
+                    worker's interception server also listens on a Unix socket, mounted into the
+                    container; `sandbox_entry.py` (mounted read-only, standard library only) relays
+                    the container's loopback to it and hands the command the rollout's URL
+                    (OPENAI_BASE_URL). An agent that reaches for anything else finds no route.
+    limits          memory (no swap), CPUs, processes (`--pids-limit`), the rollout's time limit
+                    (the entry ends the container past it), a 64 MiB /tmp, an unprivileged user, no
+                    capabilities, no privilege gain, a read-only root filesystem
+    nothing of ours the container's environment holds only the task and its URL
+
+Whatever the agent does, the rollout ends: a timeout, the memory or process limit hit (the
+container's cgroup counts it: kind `resource_limit`), a crash with its stderr (a refused network
+call names the cause). The worker goes on with its next rollout. A worker killed outright leaves
+containers behind; the next runtime started on the same host removes those of dead workers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rollwire.errors import ConfigError
+from rollwire.processes import die_with_parent
+from rollwire.producers.harnesses import HarnessError, HarnessTimeout, ResourceLimit
+from rollwire.producers.interception import Interceptor
+from rollwire.producers.interception_server import InterceptionServer
+from rollwire.producers.runtimes import Runtime
+
+logger = logging.getLogger(__name__)
+
+ENTRY = Path(__file__).with_name("sandbox_entry.py")
+OWNER_LABEL = "rollwire.sandbox.owner"
+"""Label on every rollout container: `<host>:<worker pid>`, so a later worker can remove a dead one's."""
+NO_ROUTE = re.compile(r"Network is unreachable|Temporary failure in name resolution|Name or service not known|"
+                      r"No address associated|Connection refused|Cannot assign requested address")
+START_GRACE_S = 30.0
+"""Added to the rollout's time limit for `docker run` to start the container (a loaded engine is slow)."""
+
+
+class ContainerSettings(BaseModel):
+    """How the container runtime runs each rollout (`[env_workers.container]`)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    image: str = "local/python:3.11"
+    """Any image with `python3` on its PATH. `python deploy/stack/images.py --only debian --only python`
+    builds this one with no registry; the agent's own code may be in the image or mounted."""
+    command: list[str] | None = None
+    """The agent program run for every rollout (it gets OPENAI_BASE_URL and ROLLWIRE_TASK; the last
+    line it prints is its answer). None runs the taskset's harness with `python3 -m
+    rollwire.producers.runtimes`, which needs rollwire installed in the image."""
+    mounts: list[str] = Field(default_factory=list)
+    """`HOST_PATH:CONTAINER_PATH` folders mounted read-only (the agent's code, its data)."""
+    memory_mb: int = Field(default=512, ge=16)
+    """Memory of the whole container, without swap; past it the kernel kills a process in it."""
+    cpus: float = Field(default=1.0, gt=0)
+    """CPUs the container may use (fractions allowed)."""
+    pids: int = Field(default=64, ge=4)
+    """Processes and threads the container may hold at once (a fork bomb stops here)."""
+    tmp_mb: int = Field(default=64, ge=1)
+    """Size of the writable /tmp (the rest of the filesystem is read-only)."""
+    user: str = "65534:65534"
+    """Who the container runs as (`nobody` by default; never root)."""
+    docker: str = "docker"
+    """The Docker client to call; DOCKER_HOST in the worker's environment picks the engine."""
+
+
+class Container(Runtime):
+    """Runs each rollout in a fresh container with no network but its interception URL."""
+
+    name = "container"
+    watchdog_grace_s = START_GRACE_S + 5.0
+
+    def __init__(self, settings: ContainerSettings | None = None, server: InterceptionServer | None = None) -> None:
+        self.settings = settings or ContainerSettings()
+        docker = shutil.which(self.settings.docker)
+        if docker is None:
+            raise ConfigError(f"the container runtime needs a Docker client: {self.settings.docker!r} is not on PATH "
+                              "(install Docker, or set [env_workers.container] docker)")
+        self._docker = docker
+        probe = self._call("image", "inspect", "--format", "{{.Id}}", self.settings.image)
+        if probe.returncode != 0:
+            raise ConfigError(f"the container runtime cannot use image {self.settings.image!r}: "
+                              f"{(probe.stderr or probe.stdout).strip()[-300:]} (build it, e.g. `python "
+                              "deploy/stack/images.py --only debian --only python` for local/python:3.11, or set "
+                              "[env_workers.container] image)")
+        for mount in self.settings.mounts:
+            host, sep, inside = mount.partition(":")
+            if not sep or not Path(host).is_absolute() or not inside.startswith("/"):
+                raise ConfigError(f"container mount {mount!r}: write it as /host/path:/container/path")
+        self.owner = f"{socket.gethostname()}:{os.getpid()}"
+        self._closing = False
+        self._remove_orphans()
+        self.server = server or InterceptionServer()
+        self._own_server = server is None
+        self._io = Path(tempfile.mkdtemp(prefix="rollwire-sandbox-"))
+        self._io.chmod(0o755)  # the container's user must reach the socket inside
+        self.server.listen_unix(self._io / "model.sock")
+
+    def run(self, harness: str, row: dict, interceptor: Interceptor, *, timeout_s: float) -> str:
+        base_url = self.server.open(interceptor)
+        name = f"rollwire-rollout-{secrets.token_hex(6)}"
+        env = {"ROLLWIRE_TASK": json.dumps(row), "ROLLWIRE_SOCKET": "/rollwire/io/model.sock",
+               "ROLLWIRE_URL_PATH": InterceptionServer.route(base_url), "ROLLWIRE_TIMEOUT_S": f"{timeout_s:g}"}
+        if self.settings.command is None:
+            env["ROLLWIRE_HARNESS"] = harness
+        try:
+            done = self._run_container(name, env, timeout_s)
+        finally:
+            self.server.close(base_url)
+        if self._closing:
+            raise HarnessError("the worker stopped and removed the rollout's container")
+        return self._answer(done, timeout_s)
+
+    def _run_container(self, name: str, env: dict[str, str], timeout_s: float) -> subprocess.CompletedProcess:
+        s = self.settings
+        command = s.command or ["python3", "-m", "rollwire.producers.runtimes"]
+        argv = [self._docker, "run", "--name", name, "--label", f"{OWNER_LABEL}={self.owner}",
+                "--network", "none", "--read-only", "--tmpfs", f"/tmp:rw,nosuid,nodev,size={s.tmp_mb}m,mode=1777",
+                "--memory", f"{s.memory_mb}m", "--memory-swap", f"{s.memory_mb}m", "--cpus", f"{s.cpus:g}",
+                "--pids-limit", str(s.pids), "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
+                "--user", s.user, "--workdir", "/tmp", "-v", f"{self._io}:/rollwire/io",
+                "-v", f"{ENTRY}:/rollwire/entry.py:ro",
+                *[arg for mount in s.mounts for arg in ("-v", f"{mount}:ro")],
+                *[arg for key in env for arg in ("-e", key)], s.image, "python3", "/rollwire/entry.py", *command]
+        try:
+            return subprocess.run(argv, env={"PATH": os.environ.get("PATH", ""), **_docker_client_env(), **env},
+                                  capture_output=True, text=True, errors="replace", timeout=timeout_s + START_GRACE_S,
+                                  preexec_fn=die_with_parent)
+        except subprocess.TimeoutExpired as exc:  # the engine never started it, or the entry hung: a backstop
+            raise HarnessTimeout(f"the container did not finish within {timeout_s + START_GRACE_S:g} s "
+                                 "(the rollout's limit and the start-up grace) and was removed") from exc
+        finally:
+            self._call("rm", "-f", "-v", name)
+
+    def _answer(self, done: subprocess.CompletedProcess, timeout_s: float) -> str:
+        lines = done.stdout.strip().splitlines()
+        try:
+            result = json.loads(lines[-1]) if lines else None
+        except ValueError:
+            result = None
+        if not isinstance(result, dict) or not ("returncode" in result or result.get("timed_out")):
+            # the entry itself did not finish: the engine refused the container, or the kernel killed it
+            why = done.stderr.strip()[-500:] or f"exit code {done.returncode}"
+            if done.returncode == 137:
+                raise ResourceLimit(f"the container was killed (exit 137), most likely at its memory limit of "
+                                    f"{self.settings.memory_mb} MiB: {why}")
+            raise HarnessError(f"the container failed: {why}")
+        s = self.settings
+        if result.get("oom_kills"):
+            raise ResourceLimit(f"the agent ran out of memory: the container's limit is {s.memory_mb} MiB "
+                                "([env_workers.container] memory_mb)")
+        if result.get("pids_refused"):
+            raise ResourceLimit(f"the agent hit the container's limit of {s.pids} processes "
+                                "([env_workers.container] pids)" + (" and then its time limit" if result.get("timed_out")
+                                                                      else ""))
+        if result.get("timed_out"):
+            raise HarnessTimeout(f"the agent in its container ran past {timeout_s:g} s and was killed")
+        if result["returncode"] != 0:
+            stderr = result.get("stderr", "").strip()
+            hint = (" (the container has no network: only the rollout's model URL answers)"
+                    if NO_ROUTE.search(stderr) else "")
+            raise HarnessError(f"the agent exited with code {result['returncode']}{hint}: {stderr[-500:]}")
+        if s.command is None:  # rollwire's harness entry point: its last line is {"answer"} or {"error"}
+            out = result.get("stdout", "").strip().splitlines()
+            try:
+                reply = json.loads(out[-1]) if out else {}
+            except ValueError:
+                reply = {}
+            if "answer" not in reply:
+                raise HarnessError(f"the harness failed in its container: {reply.get('error') or result.get('stderr')}")
+            return reply["answer"]
+        out = result.get("stdout", "").strip().splitlines()
+        return out[-1] if out else ""
+
+    def _remove_orphans(self) -> None:
+        """Removes rollout containers left by workers on this host that no longer run (killed outright)."""
+        listed = self._call("ps", "-a", "--filter", f"label={OWNER_LABEL}",
+                            "--format", f'{{{{.ID}}}} {{{{.Label "{OWNER_LABEL}"}}}}')
+        host = socket.gethostname()
+        for line in listed.stdout.splitlines():
+            cid, _, owner = line.partition(" ")
+            owner_host, _, pid = owner.rpartition(":")
+            if owner_host == host and pid.isdigit() and not _alive(int(pid)):
+                logger.info("removing container %s left by worker %s", cid, owner)
+                self._call("rm", "-f", "-v", cid)
+
+    def _call(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([self._docker, *args], capture_output=True, text=True, timeout=120,
+                              env={"PATH": os.environ.get("PATH", ""), **_docker_client_env()})
+
+    def close(self) -> None:
+        self._closing = True
+        listed = self._call("ps", "-aq", "--filter", f"label={OWNER_LABEL}={self.owner}")
+        for cid in listed.stdout.split():
+            self._call("rm", "-f", "-v", cid)
+        if self._own_server:
+            self.server.shutdown()
+        shutil.rmtree(self._io, ignore_errors=True)
+
+
+def _docker_client_env() -> dict[str, str]:
+    """What the Docker client needs from the worker's environment (which engine, its TLS files), and nothing else."""
+    return {k: v for k, v in os.environ.items() if k.startswith("DOCKER_") or k in ("HOME", "XDG_RUNTIME_DIR")}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

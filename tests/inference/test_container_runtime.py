@@ -1,0 +1,129 @@
+"""The container runtime on a real Docker engine and a real vLLM server: an agent in its rollout's
+container reaches the model through its URL and nothing else; one that reaches for the network,
+fork-bombs, fills memory or hangs ends as an errored rollout with the reason, and the worker goes on
+to the next. Nothing is left running."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from docker_engine import engine_with_images
+
+from rollwire.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
+from rollwire.producers.env_worker import EnvWorker, EnvWorkerSettings
+from rollwire.producers.interception import Interceptor
+from rollwire.producers.routing import Router
+from rollwire.producers.sandbox import OWNER_LABEL, Container, ContainerSettings
+from rollwire.producers.tasksets import load_taskset
+from rollwire.schemas import Codec, SamplingParams, TaskAssigned, Topics
+
+pytestmark = [pytest.mark.container, pytest.mark.slow, pytest.mark.timeout(900)]
+
+AGENT = Path(__file__).resolve().parent.parent / "data" / "sandbox" / "agent.py"
+IMAGE = "local/python:3.11"
+
+
+@pytest.fixture(scope="module")
+def agents(tmp_path_factory) -> Iterator[Path]:
+    """A folder the container's unprivileged user can read, holding the test's agent."""
+    with engine_with_images(["debian", "python"], "the container runtime test"):
+        folder = tmp_path_factory.mktemp("agents")
+        folder.chmod(0o755)
+        shutil.copy(AGENT, folder / "agent.py")
+        (folder / "agent.py").chmod(0o644)
+        yield folder
+
+
+def settings(agents: Path, **limits) -> ContainerSettings:
+    return ContainerSettings(image=IMAGE, command=["python3", "/agents/agent.py"], mounts=[f"{agents}:/agents"],
+                             **limits)
+
+
+def left_running() -> list[str]:
+    return subprocess.run(["docker", "ps", "-aq", "--filter", f"label={OWNER_LABEL}"], capture_output=True,
+                          text=True, check=True).stdout.split()
+
+
+@pytest.mark.vllm
+def test_an_agent_in_its_container_reaches_the_model_through_its_url_alone(agents, vllm_server, tiny_models,
+                                                                          version_base):
+    vllm_server.control.swap_full_weights(str(tiny_models.base), str(version_base))
+    runtime = Container(settings(agents))
+    try:
+        interceptor = Interceptor(vllm_server.control, SamplingParams(temperature=1.0, max_tokens=6))
+        answer = runtime.run("unused", {"prompt": "r:123>", "behave": "answer"}, interceptor, timeout_s=60)
+        assert len(interceptor.calls) == 1, "the agent's one call was recorded by its rollout's interceptor"
+        recorded = vllm_server.control._request("POST", "/detokenize",
+                                                {"tokens": interceptor.calls[0].completion_token_ids})["prompt"]
+        assert answer.strip() == recorded.strip()
+
+        interceptor = Interceptor(vllm_server.control, SamplingParams(temperature=1.0, max_tokens=6))
+        with pytest.raises(Exception, match="no network: only the rollout's model URL answers") as refused:
+            runtime.run("unused", {"prompt": "r:9>", "behave": "network"}, interceptor, timeout_s=60)
+        assert "Network is unreachable" in str(refused.value)
+        assert len(interceptor.calls) == 1, "the model URL answered before the network was refused"
+    finally:
+        runtime.close()
+    assert not left_running()
+
+
+@pytest.mark.vllm
+def test_hostile_agents_end_as_errored_rollouts_and_the_worker_goes_on(tmp_path, agents, vllm_server, tiny_models,
+                                                                       version_base):
+    vllm_server.control.swap_full_weights(str(tiny_models.base), str(version_base))
+    topics = Topics("sandbox")
+    log = open_log(EmbeddedBusSettings(path=tmp_path / "log"))
+    log.create_topics(catalog_topics(topics))
+    producer = EventProducer(log.producer(), topics, name="dispatcher")
+    behaviours = ["fork", "memory", "hang", "network", "answer"]
+    for behave in behaviours:
+        producer.send(topics.tasks, TaskAssigned(task_id=behave, environment="reverse-digits", algorithm="grpo",
+                                                 group_size=1, task={"prompt": "r:12>", "answer": "21",
+                                                                     "behave": behave},
+                                                 policy_version=0), key=behave)
+    producer.close()
+    worker_settings = EnvWorkerSettings(runtime="container", rollout_timeout_s=20, concurrency=5,
+                                        container=settings(agents, memory_mb=96, pids=32))
+    worker = EnvWorker(log, topics, Router.single(vllm_server.control), {
+        "reverse-digits": load_taskset("reverse-digits", count=1)}, worker_settings)
+    try:
+        published = 0
+        for _ in range(60):
+            published += worker.step(timeout_s=1.0)
+            if published == len(behaviours):
+                break
+    finally:
+        worker.close()
+    rollouts = {}
+    with log.reader([topics.rollouts]) as reader:
+        while batch := reader.poll_batch(100, 0.5):
+            rollouts.update({e.task_id: e for e in (Codec().decode(r.value).event for r in batch)})
+    log.close()
+    assert published == len(behaviours) and sorted(rollouts) == sorted(behaviours)
+    errors = {task: (r.error.kind, r.error.message) if r.error else None for task, r in rollouts.items()}
+    assert errors["fork"][0] == "resource_limit" and "limit of 32 processes" in errors["fork"][1], errors
+    assert errors["memory"][0] == "resource_limit" and "out of memory" in errors["memory"][1], errors
+    assert errors["hang"][0] == "timeout" and "20 s" in errors["hang"][1], errors
+    assert errors["network"][0] == "harness_crash" and "no network" in errors["network"][1], errors
+    assert errors["answer"] is None and rollouts["answer"].completion_token_ids, "the worker went on to a good rollout"
+    assert not left_running()
+
+
+def test_an_image_that_is_not_there_is_refused_with_how_to_build_one(agents):
+    with pytest.raises(ValueError, match="images.py"):
+        Container(ContainerSettings(image="local/no-such-image:1"))
+
+
+def test_a_dead_workers_containers_are_removed_by_the_next_runtime(agents):
+    import socket
+    orphan = subprocess.run(["docker", "run", "-d", "--label", f"{OWNER_LABEL}={socket.gethostname()}:999999999",
+                             IMAGE, "sleep", "600"], capture_output=True, text=True, check=True).stdout.strip()
+    runtime = Container(settings(agents))
+    runtime.close()
+    gone = subprocess.run(["docker", "inspect", orphan], capture_output=True, text=True)
+    assert gone.returncode != 0, "the dead worker's container is still there"
+    assert not left_running()
