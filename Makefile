@@ -44,7 +44,7 @@ run: install
 
 test: install lint
 	$(VENV)/bin/python deploy/kafka/broker.py fetch >/dev/null
-	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest --durations=30 $(PYTEST_ARGS)
 
 # Lint and types (settings in pyproject.toml): part of `make test`, so part of CI.
 lint: install

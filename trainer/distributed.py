@@ -34,6 +34,10 @@ logger = logging.getLogger(__name__)
 
 IDLE_TIMEOUT = timedelta(hours=12)
 """How long ranks wait for rank 0's next batch (a trainer may idle while the fleet warms up)."""
+CONNECT_TIMEOUT = timedelta(minutes=2)
+"""How long ranks may take to find and connect to each other; past it a rank fails, and torchrun
+starts the group again (gloo waits on a connection for the group's timeout: under IDLE_TIMEOUT, a
+rank that cannot connect would wait for good)."""
 
 
 @dataclass
@@ -121,6 +125,29 @@ class Shard:
             dist.destroy_process_group()
 
 
+def _attempt_store(world: int) -> dist.Store:
+    """The rendezvous store of this start of the ranks, under keys of its own. torchrun keeps one
+    store across the restarts of a group (MASTER_ADDR:MASTER_PORT), and ranks started again read
+    the addresses the dead ranks had left under the same keys: their gloo connections were refused
+    (every restart failed) or waited for good. Each start (TORCHELASTIC_RESTART_COUNT) gets a prefix."""
+    hosted_by_torchrun = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                          is_master=not hosted_by_torchrun and os.environ["RANK"] == "0", timeout=CONNECT_TIMEOUT)
+    return dist.PrefixStore(f"rollwire/start-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+
+
+def _wait_longer(group) -> None:
+    """Connected: from now on a rank may wait IDLE_TIMEOUT for the others (for rank 0's next batch)."""
+    set_timeout = getattr(dist.distributed_c10d, "_set_pg_timeout", None)
+    if set_timeout is None:  # an older torch: its collectives keep CONNECT_TIMEOUT
+        logger.warning("this torch cannot lengthen a process group's timeout: ranks idle for over %s fail",
+                       CONNECT_TIMEOUT)
+        return
+    set_timeout(IDLE_TIMEOUT)
+    if group is not None:
+        set_timeout(IDLE_TIMEOUT, group)
+
+
 def from_environment(device: torch.device) -> Shard | None:
     """This process's shard when torchrun started it with more than one rank (WORLD_SIZE > 1)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -129,8 +156,10 @@ def from_environment(device: torch.device) -> Shard | None:
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(backend, timeout=IDLE_TIMEOUT)
-    objects = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT) if backend != "gloo" else None
+    dist.init_process_group(backend, store=_attempt_store(world), rank=int(os.environ["RANK"]), world_size=world,
+                            timeout=CONNECT_TIMEOUT)
+    objects = dist.new_group(backend="gloo", timeout=CONNECT_TIMEOUT) if backend != "gloo" else None
+    _wait_longer(objects)
     shard = Shard(dist.get_rank(), dist.get_world_size(), objects)
     logger.info("trainer rank %d of %d (%s)", shard.rank, shard.world, backend)
     return shard
