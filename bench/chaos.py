@@ -116,7 +116,11 @@ class Chaos:
         victim.kill()
         deadline = killed_at + 300
         while (back := self.processes().get(fault)) is None or back.pid == victim.pid:
-            if time.monotonic() > deadline or self.run.poll() is not None:
+            if self.run.poll() is not None:
+                raise SystemExit(f"the run ended (code {self.run.returncode}, step {self.steps_done()} of "
+                                 f"{self.steps}) before {fault} came back: give the faults room with more --steps; "
+                                 f"see {self.folder / 'run.out'}")
+            if time.monotonic() > deadline:
                 raise SystemExit(f"{fault} did not come back within 300 s; see {self.folder / 'run.out'}")
             time.sleep(0.2)
         return {"fault": fault, "at_step": at_step, "back_after_s": round(time.monotonic() - killed_at, 1)}

@@ -124,8 +124,8 @@ class EnvWorkerSettings(BaseModel):
     rollout_timeout_s: float = Field(default=120.0, gt=0)
     """A rollout still running after this long is published errored (`timeout`)."""
     runtime: Literal["in-process", "subprocess", "container"] = "in-process"
-    """Where the taskset's harness runs (`rollwire.producers.runtimes`; `container`: one container per
-    rollout with no network but its model URL, `rollwire.producers.sandbox`)."""
+    """Where each rollout's harness or agent runs: in this process, a subprocess, or a container
+    (one per rollout, no network but its model URL: `rollwire.producers.sandbox`)."""
     container: ContainerSettings = Field(default_factory=ContainerSettings)
     """The image, agent program and limits of the `container` runtime."""
     simulated_latency: SimulatedLatency | None = None
