@@ -412,9 +412,13 @@ class KafkaLog(EventLog):
     def end_offsets(self, topic: str) -> dict[int, int]:
         consumer = self._metadata_consumer()
         n = _topic_exists(consumer, topic, self._outage_s, self._refused)
-        return {p: patiently(f"end offset of {topic}", lambda p=p: _high_watermark(consumer, TopicPartition(topic, p)),
-                             self._outage_s, self._refused)
-                for p in range(n)}
+        try:
+            return {p: patiently(f"end offset of {topic}",
+                                 lambda p=p: _high_watermark(consumer, TopicPartition(topic, p)),
+                                 self._outage_s, self._refused)
+                    for p in range(n)}
+        except KafkaException as exc:  # what the log's callers handle is a BusError
+            raise BusError(f"could not read the end offsets of {topic!r}: {exc.args[0].str()}") from exc
 
     def committed(self, group_id: str, topic: str) -> dict[int, int]:
         n = _topic_exists(self._admin, topic, self._outage_s, self._refused)
@@ -433,9 +437,11 @@ class KafkaLog(EventLog):
             self._meta = None
 
 
-_SETTLING = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART)
+_SETTLING = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
+             KafkaError._UNKNOWN_PARTITION)
 """Answers a broker gives for a partition it is still taking over (a topic just created, a leader
-just moved): worth asking again shortly."""
+just moved), and the client's own for a partition its metadata lost a moment (the broker started
+again: the chaos run saw it): worth asking again shortly."""
 
 
 def _high_watermark(consumer: Any, partition: TopicPartition, settle_s: float = 15.0) -> int:
