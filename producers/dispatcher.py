@@ -35,7 +35,6 @@ from typing import Annotated
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from rollwire.bus import AtOffsets, DeadLetters, EventConsumer, EventLog, EventProducer, read_to_end
-from rollwire.consumers.batch_consumer import BatchSettings
 from rollwire.errors import ConfigError
 from rollwire.producers.tasksets import TASKSETS, Taskset
 from rollwire.schemas.deadletter import DeadLetter
@@ -47,6 +46,7 @@ from rollwire.schemas.topics import Topics
 from rollwire.schemas.training import RolloutsDropped, TrainStepCompleted
 from rollwire.schemas.weights import ReplicaStatus, WeightsPublished
 from rollwire.streams.advantages import ALGORITHMS
+from rollwire.trainer.settings import BatchSettings
 
 
 class EnvironmentMix(BaseModel):

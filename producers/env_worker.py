@@ -1,6 +1,6 @@
 """The env worker: tasks in, scored-by-environment rollouts out, with exact token provenance.
 
-    reads:  <prefix>.tasks     (consumer group `env-workers`: more workers, more throughput)
+    reads:  <prefix>.tasks     (consumer group `<prefix>-env-worker`: more workers, more throughput)
     writes: <prefix>.rollouts, <prefix>.traces, <prefix>.deadletter
 
 It streams. Up to `concurrency` rollouts are in flight at all times, each on its own thread; the
@@ -105,8 +105,9 @@ class EnvWorkerSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    group_id: str = "env-workers"
-    """Consumer group shared by all env workers of a run."""
+    group_id: str | None = None
+    """Consumer group shared by all env workers of a run; None: the run's, `<prefix>-env-worker`
+    (`Topics.group`), so a worker started by hand beside a run shares its tasks."""
     concurrency: int = Field(default=16, ge=1)
     """Rollouts in flight at once in this worker (environment slots). A slot waiting on a slow
     environment costs a sleeping thread, so this can be far above what the fleet serves at once."""
@@ -199,8 +200,9 @@ class EnvWorker:
         self.router = control if isinstance(control, Router) else Router.single(control)
         """Where each rollout's model calls go (one replica, or the fleet by version); its owner closes it."""
         self.producer = EventProducer(log.producer(), topics, name=self.settings.name)
-        self.consumer = EventConsumer(log.consumer([topics.tasks], self.settings.group_id),
-                                      DeadLetters(self.producer, self.settings.name), group=self.settings.group_id)
+        group = self.settings.group_id or topics.group("env-worker")
+        self.consumer = EventConsumer(log.consumer([topics.tasks], group), DeadLetters(self.producer, self.settings.name),
+                                      group=group)
         self.runtime: Runtime = (Container(self.settings.container) if self.settings.runtime == "container"
                                  else RUNTIMES[self.settings.runtime]())
         self.inference_gate = InferenceGate(self.settings.inference_concurrency, self.settings.inference_window_s,

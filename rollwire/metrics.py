@@ -7,7 +7,7 @@
     rollwire.weights.reload.duration histogram  seconds from a version's event to serving it, per replica
     rollwire.replica.in_flight       gauge      requests an env worker has open on each replica
 
-**Lag is the signal to scale on.** `rollwire.consumer.lag{messaging.consumer.group.name=env-workers,
+**Lag is the signal to scale on.** `rollwire.consumer.lag{messaging.consumer.group.name=<prefix>-env-worker,
 messaging.destination.name=<prefix>.tasks}` growing means tasks wait for env workers (add workers,
 or replicas if their `in_flight` is high); lag on `rollouts` for the scorer's group means the
 scorer falls behind (add partitions and scorer instances); the trainer's lag on `scored` growing

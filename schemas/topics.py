@@ -90,6 +90,10 @@ CATALOG: tuple[TopicSpec, ...] = (
 _PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,100}$")
 
 
+GroupRole = Literal["env-worker", "scorer", "joiner"]
+"""The roles that read in a consumer group (`Topics.group`)."""
+
+
 class Topics:
     """Full topic names for one prefix: `Topics("run7").rollouts == "run7.rollouts"`."""
 
@@ -109,6 +113,12 @@ class Topics:
     def name(self, short: str) -> str:
         """Full name of the topic `short`."""
         return getattr(self, short)
+
+    def group(self, role: GroupRole) -> str:
+        """The consumer group of a role that reads these topics in a group (`env-worker`, `scorer`,
+        `joiner`): `<prefix>-<role>`. A process started by hand beside a run joins the run's group.
+        On Kafka it is also the faust app id of the stream processors."""
+        return f"{self.prefix}-{role}"
 
     def specs(self) -> list[tuple[str, TopicSpec]]:
         """(full name, spec) for every topic of the catalog."""

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from rollwire.trainer.model import save_model
+
 
 @dataclass
 class TrainerState:
@@ -56,7 +58,7 @@ def save(folder: Path, model, optimizer, state: TrainerState, keep: int = 2, kee
     every `keep_every`-th step."""
     state.commits += 1
     def weights(partial: Path) -> None:
-        model.save_pretrained(partial / "model", safe_serialization=True)
+        save_model(model, partial / "model")
         torch.save(optimizer.state_dict(), partial / "optimizer.pt")
         _save_rng(partial)
 
@@ -116,7 +118,7 @@ def save_drops(folder: Path, previous: Path | None, model, optimizer, state: Tra
 
     def weights(partial: Path) -> None:
         if previous is None:
-            model.save_pretrained(partial / "model", safe_serialization=True)
+            save_model(model, partial / "model")
             torch.save(optimizer.state_dict(), partial / "optimizer.pt")
             _save_rng(partial)
             return

@@ -32,7 +32,6 @@ from pathlib import Path
 
 from rollwire import metrics, telemetry
 from rollwire.bus import EventLog, EventProducer
-from rollwire.consumers.batch_consumer import Batch, BatchConsumer
 from rollwire.errors import ConfigError
 from rollwire.objectstore import ObjectStore
 from rollwire.schemas.registry import EVENT_TYPES
@@ -42,8 +41,9 @@ from rollwire.schemas.training import TrainStepCompleted
 from rollwire.schemas.weights import WeightsPublished
 from rollwire.trackers import Trackers, step_metrics
 from rollwire.trainer import checkpoint
+from rollwire.trainer.batches import Batch, BatchConsumer
 from rollwire.trainer.distributed import Shard
-from rollwire.trainer.model import resolve_device
+from rollwire.trainer.model import resolve_device, save_model
 from rollwire.trainer.retention import InUse, apply_retention
 from rollwire.trainer.settings import TrainerSettings
 from rollwire.trainer.step import Objectives, StepResult, train_step
@@ -58,7 +58,7 @@ def publish_weights(store: ObjectStore, model, settings: TrainerSettings, *, pol
     manifest last); returns the event announcing them and what was written (with its manifest)."""
     lora = settings.model.lora is not None
     with tempfile.TemporaryDirectory() as folder:
-        model.save_pretrained(folder, safe_serialization=True)
+        save_model(model, Path(folder))
         done = publish(store, Path(folder), version_prefix(policy, version), policy=policy, version=version, step=step,
                        format="lora" if lora else "full", base_model=settings.model.path)
     event = WeightsPublished(policy=policy, version=version, step=step, uri=done.uri, format="lora" if lora else "full",

@@ -6,14 +6,36 @@ Token fidelity: the trainer scores exactly the token ids the inference server sa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from rollwire.errors import ConfigError
 from rollwire.schemas.rollout import RolloutCompleted
 from rollwire.trainer.settings import ModelSettings
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """No transformers progress bar within: the trainer loads and saves weights on every step and a
+    replay once a version, so its bars ("Loading weights", "Writing model shards") bury the output."""
+    from transformers.utils import logging as hf_logging
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
+
+
+def save_model(model, folder: Path) -> None:
+    """`model.save_pretrained(folder)` in safetensors, quietly."""
+    with quiet_transformers():
+        model.save_pretrained(folder, safe_serialization=True)
 
 
 def resolve_device(settings: ModelSettings) -> tuple[torch.device, torch.dtype]:
@@ -32,7 +54,8 @@ def load_policy(settings: ModelSettings, weights: str | None = None):
     """The causal LM at `weights` (default: `settings.path`), on the chosen device, in train mode."""
     from transformers import AutoModelForCausalLM
     device, dtype = resolve_device(settings)
-    model = AutoModelForCausalLM.from_pretrained(weights or settings.path, dtype=dtype).to(device)  # type: ignore[arg-type]
+    with quiet_transformers():
+        model = AutoModelForCausalLM.from_pretrained(weights or settings.path, dtype=dtype).to(device)  # type: ignore[arg-type]
     if settings.lora is not None:
         try:
             from peft import LoraConfig, get_peft_model

@@ -63,6 +63,9 @@ class ReplayedStep:
     """The replay's weights of this version, when `publish_every` made it publish them."""
     recorded: WeightsPublished | None = None
     """The run's weights of this version, when it published them."""
+    pruned: bool = False
+    """The run published this version, and its retention ([trainer.retention]) has since removed it
+    from the store: there is nothing to compare with."""
     identical: bool | None = None
     """Every safetensors file has the same sha256 in both manifests; None when either is missing."""
     max_abs_diff: float | None = None
@@ -230,7 +233,8 @@ def _compare(store: ObjectStore, step: ReplayedStep) -> None:
         return
     try:
         recorded = _safetensors_digests(store, step.recorded)
-    except ObjectNotFoundError:  # pruned by the run's retention ([trainer.retention]): not compared
+    except ObjectNotFoundError:
+        step.pruned = True
         return
     step.identical = _safetensors_digests(store, step.published) == recorded
     if step.identical:
@@ -254,28 +258,48 @@ def report_markdown(replay: TrainReplay) -> str:
     lines = [f"# Replay train: `{replay.run}` steps {replay.from_step + 1}..{replay.steps[-1].step} "
              f"as `{replay.into}`", "",
              f"Started from {start}; rollouts as scored under `{replay.scored_from}`; device {replay.device}.", ""]
-    if replay.compared:
-        same = sum(1 for s in replay.compared if s.identical)
-        lines.append(f"**{same} of {len(replay.compared)} published versions are byte for byte the run's.**")
-        worst = max((s.max_abs_diff or 0.0) for s in replay.compared)
-        if same < len(replay.compared):
-            lines.append(f"Largest absolute weight difference: {worst:.3g}.")
-            if replay.device != "cpu":
-                lines.append("On a GPU, kernels are not deterministic: byte equality is not expected there.")
-    else:
-        lines.append("No version was published by both the run and the replay: nothing to compare.")
+    lines += _verdict(replay)
     lines += ["", "| step | version | rollouts | missing | recorded loss | replayed loss | weights |",
               "|---:|---:|---:|---:|---:|---:|---|"]
     for s in replay.steps:
-        weights = ("—" if s.published is None else "not published by the run" if s.recorded is None
-                   else "identical" if s.identical else f"differ (max {s.max_abs_diff:.3g})")
         lines.append(f"| {s.step} | {s.version} | {s.trained} | {len(s.missing)} | {_num(s.recorded_loss)} | "
-                     f"{_num(s.loss)} | {weights} |")
+                     f"{_num(s.loss)} | {_weights_cell(s)} |")
     missing = [rid for s in replay.steps for rid in s.missing]
     if missing:
         lines += ["", f"{len(missing)} recorded rollouts were not among the scored events read (first: "
                   f"{', '.join(missing[:5])}); their steps trained without them."]
     return "\n".join(lines) + "\n"
+
+
+def _verdict(replay: TrainReplay) -> list[str]:
+    """The report's opening lines: how many versions still in the store came out the same."""
+    pruned = sum(1 for s in replay.steps if s.pruned)
+    kept = (f" ({pruned} more the run published were pruned by its retention, [trainer.retention], "
+            "and could not be compared)") if pruned else ""
+    if not replay.compared:
+        return [f"No version was published by both the run and the replay and is still stored: nothing to compare{kept}."]
+    same = sum(1 for s in replay.compared if s.identical)
+    lines = [f"**{same} of {len(replay.compared)} published versions still stored are byte for byte the run's**{kept}."]
+    worst = max((s.max_abs_diff for s in replay.compared if s.max_abs_diff is not None), default=None)
+    if same < len(replay.compared):
+        if worst is not None:
+            lines.append(f"Largest absolute weight difference: {worst:.3g}.")
+        if replay.device != "cpu":
+            lines.append("On a GPU, kernels are not deterministic: byte equality is not expected there.")
+    return lines
+
+
+def _weights_cell(step: ReplayedStep) -> str:
+    """What the step's weights column says: compared, or why not."""
+    if step.published is None:
+        return "—"
+    if step.recorded is None:
+        return "not published by the run"
+    if step.pruned:
+        return "pruned by the run's retention: not compared"
+    if step.identical:
+        return "identical"
+    return "differ" if step.max_abs_diff is None else f"differ (max {step.max_abs_diff:.3g})"
 
 
 def _num(value: float | None) -> str:

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from rollwire.producers.tasksets import Taskset
+from rollwire.trainer.model import save_model
 from rollwire.trainer.settings import WarmStartSettings
 
 
@@ -43,7 +44,7 @@ def warm_start(model_dir: Path, taskset: Taskset, settings: WarmStartSettings,
         loss_value = loss.item()
         if on_step is not None:
             on_step(step, loss_value)
-    model.save_pretrained(model_dir, safe_serialization=True)
+    save_model(model, model_dir)
     return loss_value
 
 

@@ -113,7 +113,7 @@ def add_join(sub) -> None:
     join.add_argument("--config", type=Path, help="TOML file with a [joiner] table")
     join.add_argument("--tokenizer", metavar="DIR", help="the served model's tokenizer, to render corrections "
                                                          "(overrides [joiner] tokenizer)")
-    add_processor_options(join, app_id="rollwire-joiner", idle_help="stop when nothing arrived for SECONDS")
+    add_processor_options(join, role="joiner", idle_help="stop when nothing arrived for SECONDS")
     add_bus_options(join)
     join.set_defaults(run=cmd_join)
 
@@ -122,33 +122,20 @@ def cmd_join(args: argparse.Namespace) -> int:
     from rollwire.bus import catalog_topics, open_log
     from rollwire.cli.options import config_table, validated
     from rollwire.schemas.topics import Topics
-    from rollwire.streams.feedback_join import FeedbackJoiner, FeedbackJoinSettings
+    from rollwire.streams.entry import serve_joiner
+    from rollwire.streams.feedback_join import FeedbackJoinSettings
     table = config_table(args.config, "joiner", "join")
     if args.tokenizer:
         table["tokenizer"] = args.tokenizer
     settings = validated(FeedbackJoinSettings, table, "joiner", "join")
-    driver = processor_driver(args, "join")
     topics = Topics(args.prefix)
-    joiner = FeedbackJoiner.from_settings(settings)
-    if driver == "faust":
-        from rollwire.streams.faust_app import FaustWorkerSettings, run_worker
-        from rollwire.streams.faust_joiner import build_app
-        with open_log(bus_settings(args)) as log:
-            log.create_topics(catalog_topics(topics))
-        app = build_app(FaustWorkerSettings(app_id=args.app_id), joiner, bus=bus_settings(args), topics=topics)
-        run_worker(app, loglevel="debug" if args.verbose else "warning")
-        return 0
-    from rollwire.streams.embedded_joiner import EmbeddedJoiner
     with open_log(bus_settings(args)) as log:
         log.create_topics(catalog_topics(topics))
-        service = EmbeddedJoiner(log, topics, joiner, group_id=args.app_id)
-        try:
-            service.run(stop_after_idle_s=args.exit_when_idle)
-        except KeyboardInterrupt:
-            pass
-        finally:
-            service.close()
-    print(json.dumps(dict(service.stats)))
+        stats = serve_joiner(log, topics, settings, bus=bus_settings(args), group_id=args.app_id,
+                             driver=processor_driver(args, "join"), stop_after_idle_s=args.exit_when_idle,
+                             loglevel="debug" if args.verbose else "warning")
+    if stats is not None:
+        print(json.dumps(stats))
     return 0
 
 

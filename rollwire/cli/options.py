@@ -156,18 +156,21 @@ def settings_flags(args, fields: list[str]) -> dict:
     return {name: getattr(args, name) for name in fields if getattr(args, name) is not None}
 
 
-def add_processor_options(parser, *, app_id: str, idle_help: str) -> None:
+def add_processor_options(parser, *, role: str, idle_help: str) -> None:
     """Options of a stream processor that runs on faust (Kafka) or in-process (either log)."""
     parser.add_argument("--driver", choices=["faust", "embedded"],
                         help="faust (default with --bus kafka: start more workers with the same --app-id to scale "
                              "out) or the in-process driver (default, and the only choice, with the embedded log)")
-    parser.add_argument("--app-id", default=app_id, help="faust app id / consumer group (default: %(default)s)")
+    parser.add_argument("--app-id", help=f"faust app id / consumer group (default: <prefix>-{role}, the one a "
+                                         f"run's {role} joins)")
     parser.add_argument("--exit-when-idle", type=float, metavar="SECONDS", help=f"in-process driver: {idle_help}")
 
 
-def processor_driver(args, command: str) -> str:
+def processor_driver(args, command: str):
     """`faust` or `embedded`: the one asked for, else faust on Kafka; faust off Kafka ends the command."""
-    driver = args.driver or ("faust" if args.bus == "kafka" else "embedded")
-    if driver == "faust" and args.bus != "kafka":
-        raise SystemExit(f"rollwire {command}: --driver faust needs --bus kafka (faust workers need a Kafka broker)")
-    return driver
+    from rollwire.errors import ConfigError
+    from rollwire.streams.entry import choose_driver
+    try:
+        return choose_driver(bus_settings(args), args.driver)
+    except ConfigError as exc:
+        raise SystemExit(f"rollwire {command}: {exc}") from None

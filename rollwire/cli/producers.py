@@ -14,10 +14,10 @@ from rollwire.cli.options import (
     settings_flags,
     store_settings,
 )
-from rollwire.consumers.batch_consumer import BatchSettings
 from rollwire.producers.dispatcher import DispatcherSettings, EnvironmentMix
 from rollwire.producers.env_worker import EnvWorkerSettings
 from rollwire.schemas.rollout import SamplingParams
+from rollwire.trainer.settings import BatchSettings
 
 WORKER_FLAGS = ["concurrency", "inference_concurrency", "inference_window_s", "rollout_timeout_s", "runtime", "drain_s",
                 "group_id"]
@@ -90,7 +90,7 @@ def _tasksets(names: list[str], options: list[str]) -> dict:
 
 def cmd_dispatch(args: argparse.Namespace) -> int:
     from rollwire.bus import catalog_topics, open_log
-    from rollwire.producers.dispatcher import Dispatcher
+    from rollwire.producers.entry import serve_dispatcher
     from rollwire.schemas.topics import Topics
     weights = {}
     for spec in args.env:
@@ -104,53 +104,28 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
     topics = Topics(args.prefix)
     with open_log(bus_settings(args)) as log:
         log.create_topics(catalog_topics(topics))
-        dispatcher = Dispatcher(log, topics, mix, budget, DispatcherSettings(seed=args.seed))
-        issued = 0
-        try:
-            while args.max_groups is None or issued < args.max_groups:
-                issued += dispatcher.step(timeout_s=0.5)
-        except KeyboardInterrupt:
-            pass
-        finally:
-            dispatcher.close()
+        issued = serve_dispatcher(log, topics, mix, budget, DispatcherSettings(seed=args.seed), max_groups=args.max_groups)
     print(json.dumps({"groups_issued": issued}))
     return 0
 
 
 def cmd_env_worker(args: argparse.Namespace) -> int:
     from rollwire.bus import catalog_topics, open_log
-    from rollwire.consumers.vllm_control import VllmControl
     from rollwire.objectstore import open_store
-    from rollwire.producers.env_worker import EnvWorker
-    from rollwire.producers.harnesses import script_harness
-    from rollwire.producers.interception_server import InterceptionServer
-    from rollwire.producers.routing import FleetView, Router
+    from rollwire.producers.entry import serve_env_worker
     from rollwire.schemas.topics import Topics
     tasksets = _tasksets(args.env, args.option)
     topics = Topics(args.prefix)
     settings = EnvWorkerSettings(**settings_flags(args, WORKER_FLAGS))
+    agent = shlex.split(args.agent_command) if args.agent_command else None
     if settings.runtime == "container":  # the agent program runs in each rollout's container
         settings.container = settings.container.model_copy(update={
-            k: v for k, v in (("command", args.agent_command and shlex.split(args.agent_command)),
-                              ("image", args.container_image)) if v})
+            k: v for k, v in (("command", agent), ("image", args.container_image)) if v})
     elif args.container_image:
         raise SystemExit("--container-image needs --runtime container")
-    server = InterceptionServer() if args.agent_command and settings.runtime != "container" else None
-    harness = script_harness(shlex.split(args.agent_command), server) if server else None
     with open_log(bus_settings(args)) as log:
         log.create_topics(catalog_topics(topics))
-        router = (Router.single(VllmControl(args.base_url)) if args.base_url
-                  else Router(FleetView()).follow(log, topics))
-        worker = EnvWorker(log, topics, router, tasksets, settings, harness=harness,
-                           store=open_store(store_settings(args)))
-        try:
-            worker.run(idle_exit_s=args.exit_when_idle)
-        except KeyboardInterrupt:
-            pass
-        finally:
-            worker.close()
-            router.close()
-            if server:
-                server.shutdown()
-    print(json.dumps({"rollouts_published": worker.published_total}))
+        published = serve_env_worker(log, topics, tasksets, settings, store=open_store(store_settings(args)),
+                                     base_url=args.base_url, agent_command=agent, idle_exit_s=args.exit_when_idle)
+    print(json.dumps({"rollouts_published": published}))
     return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from rollwire.cli.options import add_bus_options, add_store_options, bus_settings, store_settings
+from rollwire.cli.options import add_run_options, add_store_options, recorded_run, store_settings
 
 FLOW = ("Serving replicas (`rollwire inference --follow serving [--lane canary]`) load what the decision\n"
         "gives their lane, older versions included; `rollwire serve --fleet` sends each request to the\n"
@@ -15,11 +15,11 @@ FLOW = ("Serving replicas (`rollwire inference --follow serving [--lane canary]`
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("version", type=int, help="weight version (as published by the trainer)")
-    parser.add_argument("--policy", default="policy", help="policy (default %(default)s)")
+    parser.add_argument("--policy", default=None, help="policy (default: the run's, with --run-dir; else policy)")
     parser.add_argument("--note", default="", help="why, in words; kept in the decision")
     parser.add_argument("--by", default=None, help="who decides (default: this user)")
-    add_store_options(parser)
-    add_bus_options(parser)
+    add_store_options(parser, "weights; with --run-dir, the run's")
+    add_run_options(parser)
 
 
 def _decision_parser(sub, name: str, *, help: str, description: str, epilog: str) -> argparse.ArgumentParser:
@@ -36,6 +36,7 @@ def add_promote(sub) -> None:
         description="Makes VERSION the stable version production serves, or with --canary SHARE sends that\n"
                     "share of requests to it beside the stable version.",
         epilog="examples:\n"
+               "  rollwire promote 25 --run-dir runs/demo      # the run's log, prefix, store and policy\n"
                "  rollwire promote 14 --store-dir runs/demo/weights --log-dir runs/demo/log --prefix demo\n"
                "  rollwire promote 15 --canary 0.1 --note \"reward +0.03 offline\"   # 10% of requests\n"
                "  rollwire promote 15                                         # the canary did well")
@@ -60,11 +61,13 @@ def _decide(args: argparse.Namespace, decide) -> int:
     from rollwire.objectstore import open_store
     from rollwire.producers.releases import describe
     from rollwire.schemas.topics import Topics
-    topics = Topics(args.prefix)
-    with open_log(bus_settings(args)) as log:
+    run, log_settings, prefix = recorded_run(args)
+    store = open_store(run.store if run is not None else store_settings(args))
+    policy = args.policy or (run.trainer.policy if run is not None else "policy")
+    topics = Topics(prefix)
+    with open_log(log_settings) as log:
         log.create_topics(catalog_topics(topics))
-        decision = decide(log, topics, open_store(store_settings(args)), policy=args.policy, version=args.version,
-                          decided_by=args.by, note=args.note)
+        decision = decide(log, topics, store, policy=policy, version=args.version, decided_by=args.by, note=args.note)
     print(describe(decision))
     return 0
 

@@ -24,8 +24,9 @@ def add_replay(sub) -> None:
         epilog="examples:\n"
                "  rollwire replay score --run-dir runs/demo --into demo-check\n"
                "  rollwire replay score --run-dir runs/demo --into demo-rloo --algorithm rloo\n"
-               "  rollwire replay score --run-dir runs/demo --into demo-fixed --recipe fixed.toml\n"
-               "  rollwire replay score --run-dir runs/demo --into demo-backfill --reward-module fixed_reward.py\n"
+               "  rollwire replay score --run-dir runs/demo --into demo-nobonus --recipe examples/no_group_bonus.toml\n"
+               "  rollwire replay score --run-dir runs/demo --into demo-backfill --reward-module "
+               "examples/strict_match_reward.py\n"
                "  rollwire replay score --bus kafka --prefix run7 --into run7-nostd --algorithm grpo-nostd\n\n"
                "outputs: the report is printed, and written with a histogram of the advantages to\n"
                "<run-dir>/replays/<into>/ (or ./replays/<into>/ without --run-dir)")
@@ -60,8 +61,9 @@ def add_replay(sub) -> None:
                "  rollwire replay train --run-dir runs/demo --into demo-again               # reproduce the run\n"
                "  rollwire replay train --run-dir runs/demo --from-step 40 --into demo-again\n\n"
                "a reward-bug backfill: re-score with the fixed reward, retrain from the last good step:\n"
-               "  rollwire replay score --run-dir runs/demo --into demo-fixed --reward-module fixed.py\n"
-               "  rollwire replay train --run-dir runs/demo --scored demo-fixed --from-step 40 --into demo-fixed\n\n"
+               "  rollwire replay score --run-dir runs/demo --into demo-fixed --reward-module "
+               "examples/strict_match_reward.py --from step:51\n"
+               "  rollwire replay train --run-dir runs/demo --scored demo-fixed --from-step 50 --into demo-fixed\n\n"
                "outputs: the report is printed, and written to <run-dir>/replays/<into>/train-report.md;\n"
                "checkpoints of --from-step > 0 must still be on disk (trainer.keep_checkpoints)")
     train.add_argument("--run-dir", type=Path, required=True,

@@ -18,10 +18,9 @@ from rollwire.cli.options import (
     store_settings,
     validated,
 )
-from rollwire.consumers.batch_consumer import BatchSettings
 from rollwire.consumers.vllm_server import VllmServerSettings
 from rollwire.consumers.weight_subscriber import WeightSubscriberSettings
-from rollwire.trainer.settings import TrainerSettings
+from rollwire.trainer.settings import BatchSettings, TrainerSettings
 
 SERVER_FLAGS = ["served_model_name", "port", "dtype", "max_model_len", "kv_cache_gib", "enable_lora", "max_loras",
                 "max_lora_rank", "enforce_eager"]
@@ -40,7 +39,7 @@ def add_score(sub) -> None:
                "  [scorer.group_rewards]\n"
                "  reverse-digits = [{ name = \"shortest_correct\", bonus = 0.2, correct = \"exact_match\" }]")
     score.add_argument("--config", type=Path, help="TOML file with a [scorer] table")
-    add_processor_options(score, app_id="rollwire-scorer",
+    add_processor_options(score, role="scorer",
                           idle_help="stop after SECONDS without rollouts (for batch replays)")
     add_bus_options(score)
     score.set_defaults(run=cmd_score)
@@ -76,7 +75,9 @@ def add_train(sub) -> None:
         epilog="settings file (TOML), all keys optional except model.path:\n"
                "  [trainer]\n  loss = \"ppo_clip\"\n  lr = 3e-4\n"
                "  [trainer.model]\n  path = \"runs/demo/base\"\n"
-               "  [trainer.batch]\n  batch_rollouts = 64\n  max_off_policy = 2")
+               "  [trainer.batch]\n  batch_rollouts = 64\n  max_off_policy = 2\n"
+               "  [telemetry]                   # a run's recipe works as it is: each step to its trackers\n"
+               "  report_to = [\"tensorboard\"]  # or mlflow, wandb, trackio")
     train.add_argument("--model", help="starting weights (directory or name); overrides trainer.model.path")
     train.add_argument("--config", type=Path, help="TOML file with a [trainer] table")
     overrides = train.add_argument_group("overrides of the config file's [trainer] table")
@@ -85,6 +86,8 @@ def add_train(sub) -> None:
     train.add_argument("--max-steps", type=int, help="stop after this many steps in total")
     train.add_argument("--exit-when-idle", type=float, metavar="SECONDS",
                        help="stop when no batch formed for SECONDS (for replays)")
+    train.add_argument("--run-name", help="the run's name in the trackers of the config's [telemetry] report_to "
+                                          "(default: --prefix)")
     add_store_options(train)
     add_bus_options(train)
     train.set_defaults(run=cmd_train)
@@ -98,33 +101,22 @@ def _scorer_settings(path: Path | None):
 def cmd_score(args: argparse.Namespace) -> int:
     from rollwire.bus import catalog_topics, open_log
     from rollwire.schemas.topics import Topics
+    from rollwire.streams.entry import serve_scorer
     settings = _scorer_settings(args.config)
-    driver = processor_driver(args, "score")
     topics = Topics(args.prefix)
-    log = open_log(bus_settings(args))
-    log.create_topics(catalog_topics(topics))
-    if driver == "faust":
-        log.close()
-        from rollwire.streams.faust_app import FaustWorkerSettings, build_app, run_worker
-        app = build_app(FaustWorkerSettings(app_id=args.app_id), settings, bus=bus_settings(args), topics=topics)
-        run_worker(app, loglevel="debug" if args.verbose else "warning")
-        return 0
-    from rollwire.streams.embedded_scorer import EmbeddedScorer
-    from rollwire.streams.scoring import GroupScorer
-    service = EmbeddedScorer(log, topics, GroupScorer(settings), group_id=args.app_id)
-    try:
-        service.run(stop_after_idle_s=args.exit_when_idle)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        service.close()
-        log.close()
-    print(json.dumps(dict(service.stats)))
+    with open_log(bus_settings(args)) as log:
+        log.create_topics(catalog_topics(topics))
+        stats = serve_scorer(log, topics, settings, bus=bus_settings(args), group_id=args.app_id,
+                             driver=processor_driver(args, "score"), stop_after_idle_s=args.exit_when_idle,
+                             loglevel="debug" if args.verbose else "warning")
+    if stats is not None:
+        print(json.dumps(stats))
     return 0
 
 
 def cmd_inference(args: argparse.Namespace) -> int:
     from rollwire.bus import catalog_topics, open_log
+    from rollwire.consumers.entry import serve_replica
     from rollwire.consumers.vllm_server import free_port
     from rollwire.objectstore import open_store
     from rollwire.schemas.topics import Topics
@@ -138,12 +130,7 @@ def cmd_inference(args: argparse.Namespace) -> int:
     topics = Topics(args.prefix)
     with open_log(bus_settings(args)) as log:
         log.create_topics(catalog_topics(topics))
-        from rollwire.consumers.replica import Replica
-        replica = Replica(log, topics, open_store(store_settings(args)), server, subscriber)
-        try:
-            replica.run()
-        except KeyboardInterrupt:
-            pass
+        serve_replica(log, topics, open_store(store_settings(args)), server, subscriber)
     return 0
 
 
@@ -159,31 +146,22 @@ def _trainer_settings(args: argparse.Namespace):
     return validated(TrainerSettings, data, "trainer", "train")
 
 
+def _telemetry_settings(args: argparse.Namespace):
+    """The config file's [telemetry] table (trackers: report_to), named for the trainer."""
+    from rollwire.telemetry import TelemetrySettings
+    table = {"service_name": "rollwire-trainer", **config_table(args.config, "telemetry", "train")}
+    return validated(TelemetrySettings, table, "telemetry", "train")
+
+
 def cmd_train(args: argparse.Namespace) -> int:
-    settings = _trainer_settings(args)
+    settings, telemetry = _trainer_settings(args), _telemetry_settings(args)
     from rollwire.bus import catalog_topics, open_log
     from rollwire.objectstore import open_store
     from rollwire.schemas.topics import Topics
-    from rollwire.trainer.distributed import from_environment
-    from rollwire.trainer.loop import Trainer, follow
-    from rollwire.trainer.model import resolve_device
-    shard = from_environment(resolve_device(settings.model)[0])  # under torchrun: one rank of several
-    if shard is not None and not shard.leader:
-        try:
-            follow(settings, shard)
-        finally:
-            shard.close()
-        return 0
+    from rollwire.trainer.entry import serve_trainer
     topics = Topics(args.prefix)
     with open_log(bus_settings(args)) as log:
         log.create_topics(catalog_topics(topics))
-        trainer = Trainer(log, topics, open_store(store_settings(args)), settings, shard=shard)
-        try:
-            trainer.run(max_steps=args.max_steps, idle_exit_s=args.exit_when_idle)
-        except KeyboardInterrupt:
-            pass
-        finally:
-            trainer.close()
-            if shard is not None:
-                shard.close()
+        serve_trainer(log, topics, open_store(store_settings(args)), settings, telemetry=telemetry,
+                      run_name=args.run_name or args.prefix, max_steps=args.max_steps, idle_exit_s=args.exit_when_idle)
     return 0

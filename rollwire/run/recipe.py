@@ -26,7 +26,7 @@ from rollwire.producers.env_worker import EnvWorkerSettings
 from rollwire.producers.feedback_api import FeedbackApiSettings
 from rollwire.producers.gateway import GatewaySettings
 from rollwire.producers.tasksets import check_taskset
-from rollwire.schemas.topics import Topics
+from rollwire.schemas.topics import GroupRole, Topics
 from rollwire.streams.feedback_join import FeedbackJoinSettings
 from rollwire.streams.scoring import ScorerSettings
 from rollwire.telemetry import TelemetrySettings
@@ -229,13 +229,12 @@ class RunRecipe(_Section):
         settings = self.inference.model_dump(exclude={"replicas", "replica_ports", *own})
         return VllmServerSettings(**settings, **own)
 
-    def group_id(self, role: Literal["env-worker", "scorer", "joiner"]) -> str:
-        """The consumer group of a role (on Kafka the faust roles' app id, which is their group)."""
-        if role == "env-worker":
+    def group_id(self, role: GroupRole) -> str:
+        """The consumer group of a role (on Kafka the faust roles' app id, which is their group):
+        `Topics.group`, the one spelling the roles' own commands use too."""
+        if role == "env-worker" and self.env_workers.group_id:
             return self.env_workers.group_id
-        if self.bus.type == "kafka":
-            return f"{self.topic_prefix}-{role}"
-        return "scorer" if role == "scorer" else "feedback-joiner"
+        return Topics(self.topic_prefix).group(role)
 
     def consumer_groups(self) -> list[tuple[str, str]]:
         """(group id, topic) of every consumer group of the run, for its lag (`rollwire.metrics.LagProbe`).

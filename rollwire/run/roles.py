@@ -36,52 +36,28 @@ def base_url(recipe: RunRecipe, index: int = 0) -> str:
 
 
 def run_replica(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
-    from rollwire.consumers.replica import Replica
+    from rollwire.consumers.entry import serve_replica
     from rollwire.consumers.weight_subscriber import WeightSubscriberSettings
     from rollwire.objectstore import open_store
     cache = recipe.run_dir / ("replica-cache" if index == 0 else f"replica-cache-{index}")
     subscriber = WeightSubscriberSettings(replica_id=f"replica-{index}", policy=recipe.trainer.policy, cache_dir=cache)
     server = recipe.server_settings(index).model_copy(update={"pid_file": cache / "vllm.pid"})
-    Replica(log, topics, open_store(recipe.store), server, subscriber).run()
+    serve_replica(log, topics, open_store(recipe.store), server, subscriber)
 
 
 def run_scorer(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
-    if recipe.bus.type == "kafka":
-        from rollwire.streams.faust_app import FaustWorkerSettings, build_app, run_worker
-        settings = FaustWorkerSettings(app_id=recipe.group_id("scorer"), data_dir=recipe.run_dir / "faust")
-        run_worker(build_app(settings, recipe.scorer, bus=recipe.bus, topics=topics), loglevel="warning")
-        return
-    from rollwire.streams.embedded_scorer import EmbeddedScorer
-    from rollwire.streams.scoring import GroupScorer
-    scorer = EmbeddedScorer(log, topics, GroupScorer(recipe.scorer), group_id=recipe.group_id("scorer"))
-    try:
-        scorer.run()
-    finally:
-        scorer.close()
+    from rollwire.streams.entry import serve_scorer
+    serve_scorer(log, topics, recipe.scorer, bus=recipe.bus, group_id=recipe.group_id("scorer"),
+                 data_dir=recipe.run_dir / "faust")
 
 
 def run_trainer(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
     from rollwire.objectstore import open_store
-    from rollwire.trackers import flat_params, open_trackers
-    from rollwire.trainer.distributed import from_environment
-    from rollwire.trainer.loop import Trainer, follow
-    from rollwire.trainer.model import resolve_device
-    shard = from_environment(resolve_device(recipe.trainer.model)[0])  # trainer.processes > 1: under torchrun
-    try:
-        if shard is not None and not shard.leader:
-            follow(recipe.trainer, shard)
-            return
-        params = flat_params({"trainer": recipe.trainer.model_dump(mode="json"),
-                              "environments": ",".join(e.name for e in recipe.environments), "steps": recipe.steps})
-        trackers = open_trackers(recipe.telemetry_for("trainer"), run_name=recipe.name, params=params)
-        trainer = Trainer(log, topics, open_store(recipe.store), recipe.trainer, shard=shard, trackers=trackers)
-        try:
-            trainer.run(max_steps=recipe.steps)
-        finally:
-            trainer.close()
-    finally:
-        if shard is not None:
-            shard.close()
+    from rollwire.trainer.entry import serve_trainer
+    params = {"trainer": recipe.trainer.model_dump(mode="json"),
+              "environments": ",".join(e.name for e in recipe.environments), "steps": recipe.steps}
+    serve_trainer(log, topics, open_store(recipe.store), recipe.trainer, telemetry=recipe.telemetry_for("trainer"),
+                  run_name=recipe.name, params=params, max_steps=recipe.steps)
 
 
 def torchrun(processes: int) -> list[str]:
@@ -93,32 +69,18 @@ def torchrun(processes: int) -> list[str]:
 
 def run_env_worker(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
     from rollwire.objectstore import open_store
-    from rollwire.producers.env_worker import EnvWorker
-    from rollwire.producers.routing import FleetView, Router
+    from rollwire.producers.entry import serve_env_worker
     from rollwire.producers.tasksets import load_taskset
     tasksets = {e.name: load_taskset(e.name, **e.options) for e in recipe.environments}
-    router = Router(FleetView()).follow(log, topics)  # every replica that reports on `fleet`, by version
-    worker = EnvWorker(log, topics, router, tasksets, recipe.env_workers.for_worker(index),
-                       store=open_store(recipe.store))
-    try:
-        worker.run()
-    finally:
-        worker.close()
-        router.close()
+    serve_env_worker(log, topics, tasksets, recipe.env_workers.for_worker(index), store=open_store(recipe.store))
 
 
 def run_dispatcher(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
-    from rollwire.metrics import LagProbe
-    from rollwire.producers.dispatcher import Dispatcher
+    from rollwire.producers.entry import serve_dispatcher
     from rollwire.producers.tasksets import load_taskset
     mix = [(e, load_taskset(e.name, **e.options)) for e in recipe.environments]
-    dispatcher = Dispatcher(log, topics, mix, recipe.trainer.batch, recipe.dispatcher)
-    LagProbe(log, recipe.consumer_groups()).observe()  # one process reports every group's lag: this one
-    try:
-        while True:
-            dispatcher.step(timeout_s=0.5)
-    finally:
-        dispatcher.close()
+    # one process reports every group's lag: this one
+    serve_dispatcher(log, topics, mix, recipe.trainer.batch, recipe.dispatcher, report_lag_of=recipe.consumer_groups())
 
 
 def run_gateway(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
@@ -132,21 +94,9 @@ def run_feedback_api(recipe: RunRecipe, log, topics: Topics, index: int) -> None
 
 
 def run_joiner(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
-    from rollwire.streams.feedback_join import FeedbackJoiner
-    if recipe.bus.type == "kafka":
-        from rollwire.streams.faust_app import FaustWorkerSettings, run_worker
-        from rollwire.streams.faust_joiner import build_app
-        settings = FaustWorkerSettings(app_id=recipe.group_id("joiner"), data_dir=recipe.run_dir / "faust")
-        run_worker(build_app(settings, FeedbackJoiner.from_settings(recipe.feedback.join), bus=recipe.bus,
-                             topics=topics), loglevel="warning")
-        return
-    from rollwire.streams.embedded_joiner import EmbeddedJoiner
-    joiner = EmbeddedJoiner(log, topics, FeedbackJoiner.from_settings(recipe.feedback.join),
-                            group_id=recipe.group_id("joiner"))
-    try:
-        joiner.run()
-    finally:
-        joiner.close()
+    from rollwire.streams.entry import serve_joiner
+    serve_joiner(log, topics, recipe.feedback.join, bus=recipe.bus, group_id=recipe.group_id("joiner"),
+                 data_dir=recipe.run_dir / "faust")
 
 
 RUNNERS = {"replica": run_replica, "scorer": run_scorer, "trainer": run_trainer, "env-worker": run_env_worker,

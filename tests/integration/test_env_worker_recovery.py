@@ -99,5 +99,5 @@ def test_a_killed_env_worker_loses_no_task_and_its_redeliveries_keep_their_ids(b
     # plus tasks finished after its last commit.
     assert sum(n - 1 for n in runs.values()) <= before
     ends = log.end_offsets(topics.tasks)
-    assert log.committed("env-workers", topics.tasks) == {p: o for p, o in ends.items() if o > 0}
+    assert log.committed(topics.group("env-worker"), topics.tasks) == {p: o for p, o in ends.items() if o > 0}
     log.close()

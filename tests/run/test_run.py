@@ -159,7 +159,7 @@ def test_metrics_say_lag_staleness_reloads_and_in_flight_and_tensorboard_has_eve
     otel = run_dir / "metrics-otel.jsonl"
     lag = read_points(otel, "rollwire.consumer.lag")
     groups = {(p["attributes"][GROUP], p["attributes"][TOPIC]): p["service"] for p in lag}
-    assert groups == {("env-workers", "short.tasks"): "rollwire-dispatcher", ("scorer", "short.rollouts"):
+    assert groups == {("short-env-worker", "short.tasks"): "rollwire-dispatcher", ("short-scorer", "short.rollouts"):
                       "rollwire-dispatcher", ("trainer", "short.scored"): "rollwire-trainer"}, groups
     assert all(p["value"] >= 0 for p in lag) and any(p["value"] > 0 for p in lag)
     # staleness: one observation per trained rollout, cumulative per process: the last export of the
@@ -272,13 +272,11 @@ def test_the_same_recipe_runs_on_kafka_trains_a_tied_model_and_shrugs_off_garbag
     assert len(gaps) >= 4 and max(gaps.values()) < 1e-3, gaps
 
 
-def test_demo_learns(tmp_path, capsys):
-    """The README's run command, unchanged but for where it writes: the bundled demo."""
-    run_dir = tmp_path / "demo"
-    done = start_run("--run-dir", str(run_dir))
-    output = finish(done, 1500)
-    assert done.returncode == 0, output
-    rows = metrics_rows(run_dir / "metrics.jsonl")
+def test_demo_learns(demo_run, capsys):
+    """The README's run command, unchanged but for where it writes: the bundled demo (run once for
+    the session, `conftest.py`)."""
+    assert demo_run.returncode == 0, demo_run.output
+    rows = metrics_rows(demo_run.run_dir / "metrics.jsonl")
     first10 = sum(r["reward_mean"] for r in rows[:10]) / 10
     last10 = sum(r["reward_mean"] for r in rows[-10:]) / 10
     minutes = (rows[-1]["time_ms"] - rows[0]["time_ms"]) / 60_000

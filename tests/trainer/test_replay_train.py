@@ -95,7 +95,7 @@ def test_re_scored_rollouts_train_other_weights_and_the_report_says_by_how_much(
     assert all(s.max_abs_diff > 1e-4 for s in result.steps)
     assert [rid for s in result.steps for rid in s.missing] in ([], ["r300"])  # r300 only if a later step took it
     report = replay.report_markdown(result)
-    assert "0 of 4 published versions are byte for byte" in report and "Largest absolute weight difference" in report
+    assert "0 of 4 published versions still stored are byte for byte" in report and "Largest absolute weight difference" in report
 
 
 def test_targets_that_would_touch_the_run_and_missing_checkpoints_are_refused(log, topics, tmp_path, tiny_policy):
@@ -144,3 +144,23 @@ def test_the_command_retrains_a_run_directory_and_writes_the_report(tmp_path, ti
     assert again.returncode == 2 and "already holds trainer steps" in again.stderr
     gone = replay_cli("--into", "rec-other", "--from-step", "3")  # only steps 2, 4 and 6 are kept
     assert gone.returncode == 2 and "no checkpoint of step 3" in gone.stderr and "keeps steps 2, 4, 6" in gone.stderr
+
+
+def test_versions_pruned_by_the_runs_retention_are_reported_as_such_and_the_rest_compared(log, topics, tmp_path,
+                                                                                         tiny_policy):
+    """The demo's case: the run keeps only some of its versions. Each pruned one is named in the
+    report, the verdict counts only the versions still stored, and nothing crashes."""
+    store = LocalStore(tmp_path / "store")
+    train_settings = settings(tmp_path, tiny_policy, retention={"keep_last": 2, "keep_every": 3})
+    trained_run(log, topics, store, train_settings)
+    assert not store.exists(f"policy/v{1:08d}/model.safetensors"), "the run's retention must have pruned v1"
+
+    result = replay.train_into(log, topics, topics, Topics(f"{topics.prefix}-again"), store, train_settings)
+
+    kept = {3, 5, 6}  # every 3rd, and the last 2
+    assert [s.version for s in result.steps if s.pruned] == [v for v in range(1, STEPS + 1) if v not in kept]
+    assert [s.version for s in result.compared] == sorted(kept) and result.reproduced
+    report = replay.report_markdown(result)
+    assert "3 of 3 published versions still stored are byte for byte the run's" in report
+    assert "3 more the run published were pruned by its retention" in report
+    assert report.count("pruned by the run's retention: not compared") == 3

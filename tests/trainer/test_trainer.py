@@ -210,6 +210,25 @@ def test_kill_9_mid_run_then_restart_trains_every_rollout_once_or_drops_it(world
     assert sorted(steps) == list(range(1, len(steps) + 1)) and dropped
 
 
+def test_rollwire_train_reports_each_step_to_the_trackers_of_its_config(world, tmp_path, tiny_policy):
+    """A run's recipe handed to `rollwire train --config`: its [telemetry] report_to gets every step,
+    as the run's own trainer reports them (both start through `rollwire.trainer.entry`)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    log, topics, _ = world
+    send_scored(log, topics, [scored(i) for i in range(16)])
+    config = tmp_path / "recipe.toml"
+    config.write_text(f'[trainer]\nlr = 1e-3\n[trainer.batch]\nbatch_rollouts = 8\n'
+                      f'[telemetry]\nreport_to = ["tensorboard"]\n'
+                      f'[telemetry.tensorboard]\nlog_dir = "{tmp_path / "tensorboard"}"\n')
+    done = subprocess.run([sys.executable, "-m", "rollwire.cli", "train", "--model", str(tiny_policy), "--config",
+                           str(config), "--prefix", "train", "--log-dir", str(tmp_path / "log"), "--store-dir",
+                           str(tmp_path / "store"), "--checkpoint-dir", str(tmp_path / "ckpt"), "--max-steps", "2"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    events = EventAccumulator(str(tmp_path / "tensorboard")).Reload()
+    assert {e.step for e in events.Scalars("train/reward_mean")} == {1, 2}
+
+
 def test_a_lora_trainer_publishes_adapter_versions_and_resumes(world, tmp_path, tiny_policy):
     log, topics, store = world
     send_scored(log, topics, [scored(i) for i in range(8)])

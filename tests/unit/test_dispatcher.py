@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from rollwire.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
-from rollwire.consumers.batch_consumer import BatchSettings
 from rollwire.producers.dispatcher import Dispatcher, EnvironmentMix, may_issue
 from rollwire.producers.tasksets import load_taskset
 from rollwire.schemas import Codec, RolloutsDropped, TaskAssigned, Topics, TrainStepCompleted
+from rollwire.trainer.settings import BatchSettings
 
 
 def test_the_budget_is_max_off_policy_plus_one_batches():

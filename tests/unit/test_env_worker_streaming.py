@@ -17,8 +17,6 @@ from rollwire.producers.env_worker import EnvWorker, EnvWorkerSettings
 from rollwire.producers.tasksets import load_taskset
 from rollwire.schemas import Codec, TaskAssigned, Topics
 
-GROUP = "env-workers"
-
 
 class Harness:
     """Sleeps `row["delay"]` seconds; records when each task started and ended and how many ran at once."""
@@ -71,7 +69,7 @@ def published(log, topics) -> list[tuple[int, object]]:
 
 
 def committed(log, topics) -> int:
-    return sum(log.committed(GROUP, topics.tasks).values())
+    return sum(log.committed(topics.group("env-worker"), topics.tasks).values())
 
 
 def step_until(worker: EnvWorker, done, timeout_s: float = 20.0) -> None:

@@ -24,13 +24,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
 from rollwire.bus import AtOffsets, DeadLetters, Delivery, EventConsumer, EventLog, EventProducer
 from rollwire.schemas.base import now_ms
 from rollwire.schemas.rollout import ScoredRollout
 from rollwire.schemas.topics import Topics
 from rollwire.schemas.training import RolloutsDropped, Staleness
+from rollwire.trainer.settings import BatchSettings, ProductionMix
 
 DROP_DETAIL = {
     "stale": "more than {max_off_policy} versions behind the trainer",
@@ -39,52 +38,6 @@ DROP_DETAIL = {
 }
 """Why samples were dropped, by key of `drops`: environment rollouts and production samples
 apart, so that the dispatcher counts back only its own."""
-
-
-class BatchSettings(BaseModel):
-    """How the trainer's batches are formed."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-    max_off_policy: int = Field(default=2, ge=0)
-    """Most policy versions a rollout's oldest token may lag the trainer; older ones are dropped."""
-    batch_rollouts: int | None = Field(default=64, ge=1)
-    """Rollouts per step; None to pack by tokens only."""
-    batch_tokens: int | None = Field(default=None, ge=1)
-    """Most prompt plus completion tokens per step; None to pack by rollouts only."""
-    dedupe_window: int = Field(default=200_000, ge=1)
-    """Rollout ids remembered to recognise redeliveries."""
-
-    @model_validator(mode="after")
-    def _some_limit(self) -> BatchSettings:
-        if self.batch_rollouts is None and self.batch_tokens is None:
-            raise ValueError("set trainer.batch.batch_rollouts or trainer.batch.batch_tokens (or both)")
-        return self
-
-
-class ProductionMix(BaseModel):
-    """How samples made from production feedback (`ScoredRollout.production`) join the batches.
-
-    They were served by whatever version production ran, often many versions behind the trainer,
-    so `max_off_policy` does not apply to them: they are bounded by age instead, and the losses'
-    importance ratio against the served logprobs corrects for the version gap.
-    """
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-    share: float = Field(default=0.25, ge=0.0, le=1.0)
-    """Most of a batch (in samples) production feedback may fill; environment rollouts fill the
-    rest. 0 trains none (they are held until `max_age_s`, then dropped); 1 may train on them alone."""
-    max_age_s: float = Field(default=7 * 86400.0, gt=0)
-    """Production samples served longer ago than this are dropped as stale."""
-    max_pending: int = Field(default=10_000, ge=1)
-    """Most production samples held waiting for room in a batch (environment rollouts are bounded
-    by the dispatcher's budget; feedback arrives at the rate users give it): past it the oldest
-    are dropped (`overflow`) rather than memory growing without bound."""
-
-    def cap(self, batch_rollouts: int | None) -> int | None:
-        """Most production samples in one batch; None: no cap by count (batches packed by tokens)."""
-        return None if batch_rollouts is None else int(self.share * batch_rollouts)
 
 
 @dataclass

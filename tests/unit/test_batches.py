@@ -6,9 +6,10 @@ from __future__ import annotations
 from builders import production, trainable
 
 from rollwire.bus import AtOffsets, EmbeddedBusSettings, EventProducer, catalog_topics, open_log
-from rollwire.consumers.batch_consumer import BatchConsumer, BatchSettings, ProductionMix
 from rollwire.schemas import Topics
 from rollwire.schemas.base import now_ms
+from rollwire.trainer.batches import BatchConsumer
+from rollwire.trainer.settings import BatchSettings, ProductionMix
 
 
 def scored_log(tmp_path, prefix: str):
