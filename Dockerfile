@@ -49,6 +49,7 @@ RUN python /tmp/build/requirements.py trainer,lora,$INFERENCE,datasets > /tmp/bu
 
 COPY README.md pyproject.toml /src/
 COPY rollwire /src/rollwire
+COPY core /src/core
 COPY schemas /src/schemas
 COPY producers /src/producers
 COPY streams /src/streams

@@ -48,7 +48,7 @@ test: install lint
 
 # Lint and types (settings in pyproject.toml): part of `make test`, so part of CI.
 lint: install
-	$(VENV)/bin/ruff check rollwire schemas producers streams consumers trainer bench tests deploy examples
+	$(VENV)/bin/ruff check rollwire core schemas producers streams consumers trainer bench tests deploy examples
 	$(VENV)/bin/mypy
 
 # The compose stack with every image built on this machine, no registry needed (README: "The stack").

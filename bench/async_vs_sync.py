@@ -43,7 +43,7 @@ from env_bound import env_bound_recipe
 from hops import step_hops, table
 from rich.console import Console
 
-from rollwire.bus import EmbeddedBusSettings, open_log
+from rollwire.core.bus import EmbeddedBusSettings, open_log
 from rollwire.run.recipe import load_recipe
 from rollwire.run.runner import run
 from rollwire.schemas.topics import Topics

@@ -88,7 +88,7 @@ def raw_kafka(bootstrap: str, topic: str, payloads: list[tuple[bytes, bytes]]) -
 
 
 def through_log(log, topic: str, payloads: list[tuple[bytes, bytes]]) -> tuple[float, float]:
-    from rollwire.bus import Beginning
+    from rollwire.core.bus import Beginning
     with log.producer() as producer:
         t0 = time.perf_counter()
         for key, value in payloads:
@@ -132,9 +132,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs per measurement; the best counts")
     args = parser.parse_args()
 
-    from rollwire.bus import TopicConfig
-    from rollwire.bus.embedded import EmbeddedLog
-    from rollwire.bus.kafka import KafkaLog
+    from rollwire.core.bus import TopicConfig
+    from rollwire.core.bus.embedded import EmbeddedLog
+    from rollwire.core.bus.kafka import KafkaLog
     from rollwire.schemas import Codec
 
     bootstrap, stop_broker = start_broker()

@@ -173,7 +173,7 @@ def restarts(run_out: str, vllm_restarts: int) -> Counter:
 
 def settle(chaos: Chaos) -> tuple[object, int]:
     """The run's ledger, and how often the replica restarted vLLM, from the topics."""
-    from rollwire.bus import HeldDeadLetters, KafkaBusSettings, open_log, read_to_end
+    from rollwire.core.bus import HeldDeadLetters, KafkaBusSettings, open_log, read_to_end
     from rollwire.run.ledger import run_ledger
     from rollwire.schemas.topics import Topics
     from rollwire.schemas.weights import ReplicaStatus

@@ -14,7 +14,7 @@ import sys
 
 import faust
 
-from rollwire.bus.settings import KafkaBusSettings
+from rollwire.core.bus.settings import KafkaBusSettings
 from rollwire.schemas.topics import Topics
 from rollwire.streams.faust_app import FaustWorkerSettings, faust_app, run_worker
 

@@ -45,7 +45,7 @@ def item(i: int, run: str) -> dict:
 
 
 def raw_rate(log, topics, items: list[dict]) -> float:
-    from rollwire.bus import EventProducer
+    from rollwire.core.bus import EventProducer
     from rollwire.producers.feedback_api import to_event
     events = [to_event(i, "bench") for i in items]
     producer = EventProducer(log.producer(), topics, name="bench")
@@ -81,7 +81,7 @@ async def post_singles(url: str, items: list[dict], concurrency: int) -> tuple[f
 
 
 def served_records(log, topics, receipts: list[str]) -> None:
-    from rollwire.bus import EventProducer
+    from rollwire.core.bus import EventProducer
     from rollwire.schemas import InferenceCall, ResponseServed, WeightVersionSpan
     call = InferenceCall(prompt_token_ids=[1, 40, 41, 42], completion_token_ids=[50, 51, 52, 2],
                          completion_logprobs=[-0.5, -0.25, -0.1, -0.05],
@@ -100,7 +100,7 @@ class ScoredTail(threading.Thread):
 
     def __init__(self, log, topics) -> None:
         super().__init__(daemon=True)
-        from rollwire.bus import Beginning
+        from rollwire.core.bus import Beginning
         self.reader = log.reader([topics.scored], Beginning())
         self.seen: dict[str, float] = {}
         self.stopping = False
@@ -170,7 +170,7 @@ def main() -> None:
 
     from bus import start_broker
 
-    from rollwire.bus import EmbeddedBusSettings, KafkaBusSettings, catalog_topics, open_log
+    from rollwire.core.bus import EmbeddedBusSettings, KafkaBusSettings, catalog_topics, open_log
     from rollwire.schemas import Topics
 
     stop_broker = None

@@ -29,7 +29,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from rollwire.bus import AtOffsets, EventLog
+from rollwire.core.bus import AtOffsets, EventLog
 from rollwire.schemas.envelope import Codec
 from rollwire.schemas.topics import Topics
 
@@ -121,7 +121,7 @@ def main() -> int:
     parser.add_argument("--prefix", help="topic prefix (default: the run's, from recipe.json)")
     parser.add_argument("--skip", type=int, default=1, help="first steps left out (default: %(default)s)")
     args = parser.parse_args()
-    from rollwire.bus import EmbeddedBusSettings, open_log
+    from rollwire.core.bus import EmbeddedBusSettings, open_log
     recipe = json.loads((args.run_dir / "recipe.json").read_text())
     prefix = args.prefix or recipe["prefix"] or recipe["name"]
     with open_log(EmbeddedBusSettings(path=args.run_dir / "log")) as log:

@@ -7,7 +7,7 @@ detokenize), on a machine whose CPUs the server needs. This measures the CPU tim
 request (client and a local threaded server in the same process, so both sides count) with:
 
     urllib3 (baseline)   a bare urllib3 PoolManager: the floor our client is built on
-    rollwire JsonClient  `rollwire.http.JsonClient`: the same pool, JSON encoding, typed errors
+    rollwire JsonClient  `rollwire.core.http.JsonClient`: the same pool, JSON encoding, typed errors
     httpx                an httpx.Client with a pool of the same size (the alternative we measured)
 
 The last line is `RESULT ...` with each client's CPU per request relative to the baseline.
@@ -72,7 +72,7 @@ def main() -> int:
     import httpx
     import urllib3
 
-    from rollwire.http import JsonClient
+    from rollwire.core.http import JsonClient
 
     server = _Server(("127.0.0.1", 0), _Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()

@@ -37,13 +37,13 @@ def main() -> None:
     from moto.server import ThreadedMotoServer
     from safetensors.numpy import load_file
 
-    from rollwire.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
     from rollwire.consumers.vllm_server import VllmServer, VllmServerSettings
     from rollwire.consumers.weight_subscriber import WeightSubscriber, WeightSubscriberSettings
-    from rollwire.objectstore import S3Store
+    from rollwire.core.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
+    from rollwire.core.objectstore import S3Store
+    from rollwire.core.weight_versions import publish
     from rollwire.schemas import Topics, WeightsPublished
     from rollwire.trainer.tiny import build_char_tokenizer, build_tiny_model
-    from rollwire.weight_versions import publish
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     work = Path(tempfile.mkdtemp(prefix="bench-reload-"))

@@ -37,7 +37,7 @@ def high_water_mb() -> float:
 
 def measure(log_dir: str) -> None:
     """The child: one replay of the log at `log_dir`, then its peak resident size as JSON."""
-    from rollwire.bus.embedded import EmbeddedLog
+    from rollwire.core.bus.embedded import EmbeddedLog
     from rollwire.schemas import Topics
     from rollwire.streams import replay
     from rollwire.streams.scoring import GroupScorer, ScorerSettings
@@ -66,8 +66,8 @@ def main() -> None:
     args = group_options(__doc__, 1000, extra=lambda p: p.add_argument(
         "--spacing-ms", type=int, default=100, help="record time between groups (default %(default)s)"))
 
-    from rollwire.bus import catalog_topics
-    from rollwire.bus.embedded import EmbeddedLog
+    from rollwire.core.bus import catalog_topics
+    from rollwire.core.bus.embedded import EmbeddedLog
     from rollwire.schemas import Topics
     from rollwire.streams import replay
     from rollwire.streams.embedded_scorer import EmbeddedScorer

@@ -34,9 +34,9 @@ def main() -> None:
     import torch
     from builders import trainable
 
-    from rollwire.bus import EventProducer, catalog_topics
-    from rollwire.bus.embedded import EmbeddedLog
-    from rollwire.objectstore import LocalStore
+    from rollwire.core.bus import EventProducer, catalog_topics
+    from rollwire.core.bus.embedded import EmbeddedLog
+    from rollwire.core.objectstore import LocalStore
     from rollwire.schemas import Topics
     from rollwire.trainer import losses, replay
     from rollwire.trainer.loop import Trainer, TrainerSettings

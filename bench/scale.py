@@ -105,7 +105,7 @@ def bench_trainer(folder: Path) -> float:
 
     from builders import trainable
 
-    from rollwire.bus import EmbeddedBusSettings, open_log
+    from rollwire.core.bus import EmbeddedBusSettings, open_log
     from rollwire.schemas import Codec, Topics
     from rollwire.trainer.tiny import build_char_tokenizer, build_tiny_model
     spec = importlib.util.spec_from_file_location("data_parallel", Path(__file__).resolve().parent.parent

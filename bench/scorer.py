@@ -110,7 +110,7 @@ def publish(log, topics, encoded_with_keys) -> None:
 
 def count_scored(log, topics) -> tuple[int, int, int]:
     """(records, first timestamp, last timestamp) on the scored topic."""
-    from rollwire.bus import Beginning
+    from rollwire.core.bus import Beginning
     n, first, last = 0, None, None
     with log.reader([topics.scored], Beginning()) as reader:
         while batch := reader.poll_batch(5000, 1.0):
@@ -122,8 +122,8 @@ def count_scored(log, topics) -> tuple[int, int, int]:
 
 
 def embedded_rate(encoded_with_keys) -> float:
-    from rollwire.bus import catalog_topics
-    from rollwire.bus.embedded import EmbeddedLog
+    from rollwire.core.bus import catalog_topics
+    from rollwire.core.bus.embedded import EmbeddedLog
     from rollwire.schemas import Topics
     from rollwire.streams.embedded_scorer import EmbeddedScorer
     from rollwire.streams.scoring import GroupScorer, ScorerSettings
@@ -143,9 +143,9 @@ def embedded_log_rate(encoded_with_keys) -> float:
     """The embedded log alone on the records the embedded driver moves: read every rollout, write
     every output and (coalesced) changelog record, pre-encoded here outside the timing; flush. No decoding,
     no scoring: the floor the log sets under the driver."""
-    from rollwire.bus import Beginning, catalog_topics
-    from rollwire.bus.embedded import EmbeddedLog
-    from rollwire.bus.partitioner import partition_for
+    from rollwire.core.bus import Beginning, catalog_topics
+    from rollwire.core.bus.embedded import EmbeddedLog
+    from rollwire.core.bus.partitioner import partition_for
     from rollwire.schemas import Codec, Topics
     from rollwire.streams import group_changelog
     from rollwire.streams.scoring import GroupScorer, ScorerSettings, route
@@ -180,8 +180,8 @@ def embedded_log_rate(encoded_with_keys) -> float:
 def faust_rate(encoded_with_keys, bootstrap: str, group_size: int, *, passthrough: bool = False) -> float:
     """The scoring worker's rate; with `passthrough`, faust alone (bench/faust_passthrough.py):
     the same worker reading each rollout and writing one record, no scoring."""
-    from rollwire.bus import catalog_topics
-    from rollwire.bus.kafka import KafkaLog
+    from rollwire.core.bus import catalog_topics
+    from rollwire.core.bus.kafka import KafkaLog
     from rollwire.schemas import Topics
     prefix = f"bench{uuid.uuid4().hex[:8]}"
     log, topics = KafkaLog(bootstrap), Topics(prefix)

@@ -49,8 +49,8 @@ def main() -> None:
 
     import torch
 
-    from rollwire.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
-    from rollwire.objectstore import LocalStore
+    from rollwire.core.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
+    from rollwire.core.objectstore import LocalStore
     from rollwire.schemas import Topics
     from rollwire.trainer import losses
     from rollwire.trainer.loop import Trainer, TrainerSettings

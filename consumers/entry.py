@@ -7,10 +7,10 @@ each of its `replica` roles.
 
 from __future__ import annotations
 
-from rollwire.bus import EventLog
 from rollwire.consumers.vllm_server import VllmServerSettings
 from rollwire.consumers.weight_subscriber import WeightSubscriberSettings
-from rollwire.objectstore import ObjectStore
+from rollwire.core.bus import EventLog
+from rollwire.core.objectstore import ObjectStore
 from rollwire.schemas.topics import Topics
 
 

@@ -15,10 +15,10 @@ import signal
 import threading
 from pathlib import Path
 
-from rollwire.bus import EventLog
 from rollwire.consumers.vllm_server import VllmServer, VllmServerSettings
 from rollwire.consumers.weight_subscriber import WeightSubscriber, WeightSubscriberSettings
-from rollwire.objectstore import ObjectStore
+from rollwire.core.bus import EventLog
+from rollwire.core.objectstore import ObjectStore
 from rollwire.schemas.topics import Topics
 
 logger = logging.getLogger(__name__)

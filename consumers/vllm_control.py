@@ -12,7 +12,7 @@ The hot-reload sequence it offers (`swap_full_weights`), as measured on these ma
     # Step 5  POST /resume                    frozen requests continue on the new weights
 
 A reload that fails midway leaves the engine broken, so callers verify the checkpoint completely
-before Step 2 (`rollwire.weight_versions.fetch`). The routes are unauthenticated: keep the server on
+before Step 2 (`rollwire.core.weight_versions.fetch`). The routes are unauthenticated: keep the server on
 loopback (`VllmServerSettings` insists) or behind an authenticated proxy.
 """
 
@@ -25,8 +25,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from rollwire.consumers.vllm_worker import EXTENSION
-from rollwire.errors import RollwireError
-from rollwire.http import HttpError, JsonClient
+from rollwire.core.errors import RollwireError
+from rollwire.core.http import HttpError, JsonClient
 
 
 class VllmError(RollwireError):

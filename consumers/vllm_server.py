@@ -22,8 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rollwire.consumers.vllm_control import VllmControl
 from rollwire.consumers.vllm_worker import EXTENSION
-from rollwire.errors import RollwireError
-from rollwire.processes import die_with_parent
+from rollwire.core.errors import RollwireError
+from rollwire.core.processes import die_with_parent
 
 
 class VllmServerError(RollwireError):

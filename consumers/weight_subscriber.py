@@ -13,7 +13,7 @@ For each `WeightsPublished` of its policy, newest first on start (catch-up) and 
     # Step 1  ignore the served version sent again; refuse older ones (an old event arriving late),
     #         unless a serving decision names it
     # Step 2  download into a fresh cache folder and verify: manifest digest, every file's size and
-    #         sha256, safetensors headers (`rollwire.weight_versions.fetch`)
+    #         sha256, safetensors headers (`rollwire.core.weight_versions.fetch`)
     # Step 3  full weights: names, dtypes and shapes must equal the served model's; a mixture of
     #         experts is refused unless `allow_moe_full_reload` (`MOE_RELOAD`)
     # Step 4  swap: full -> pause(keep), reload, label, reset prefix cache, resume;
@@ -35,15 +35,15 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rollwire import metrics, telemetry
-from rollwire.bus import AtOffsets, DeadLetters, EventConsumer, EventLog, EventProducer
 from rollwire.consumers.vllm_control import VllmControl, VllmError
-from rollwire.objectstore import ObjectStore, ObjectStoreError
+from rollwire.core import metrics, telemetry
+from rollwire.core.bus import AtOffsets, DeadLetters, EventConsumer, EventLog, EventProducer
+from rollwire.core.objectstore import ObjectStore, ObjectStoreError
+from rollwire.core.weight_versions import CheckpointError, check_compatible, describe, fetch
 from rollwire.schemas.envelope import Codec
 from rollwire.schemas.errors import SchemaError
 from rollwire.schemas.topics import Topics
 from rollwire.schemas.weights import ReplicaStatus, ServingDecision, WeightsPublished
-from rollwire.weight_versions import CheckpointError, check_compatible, describe, fetch
 
 logger = logging.getLogger(__name__)
 

@@ -34,8 +34,8 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from rollwire.bus import AtOffsets, DeadLetters, EventConsumer, EventLog, EventProducer, read_to_end
-from rollwire.errors import ConfigError
+from rollwire.core.bus import AtOffsets, DeadLetters, EventConsumer, EventLog, EventProducer, read_to_end
+from rollwire.core.errors import ConfigError
 from rollwire.producers.tasksets import TASKSETS, Taskset
 from rollwire.schemas.deadletter import DeadLetter
 from rollwire.schemas.envelope import Codec

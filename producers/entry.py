@@ -9,8 +9,8 @@ run works exactly as the run's own. (The gateway's and the feedback API's front 
 
 from __future__ import annotations
 
-from rollwire.bus import EventLog
-from rollwire.objectstore import ObjectStore
+from rollwire.core.bus import EventLog
+from rollwire.core.objectstore import ObjectStore
 from rollwire.producers.dispatcher import DispatcherSettings, EnvironmentMix
 from rollwire.producers.env_worker import EnvWorkerSettings
 from rollwire.producers.tasksets import Taskset
@@ -52,8 +52,8 @@ def serve_dispatcher(log: EventLog, topics: Topics, mix: list[tuple[EnvironmentM
                      report_lag_of: list[tuple[str, str]] | None = None) -> int:
     """Issues groups of tasks as the budget allows until Ctrl-C, SIGTERM or `max_groups`; returns
     how many it issued. `report_lag_of` (group id, topic) pairs: this process reports their
-    consumer lag (`rollwire.metrics.LagProbe`; one process of a run does)."""
-    from rollwire.metrics import LagProbe
+    consumer lag (`rollwire.core.metrics.LagProbe`; one process of a run does)."""
+    from rollwire.core.metrics import LagProbe
     from rollwire.producers.dispatcher import Dispatcher
     dispatcher = Dispatcher(log, topics, mix, budget, settings)
     if report_lag_of:

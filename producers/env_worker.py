@@ -49,10 +49,10 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Status, StatusCode
 from pydantic import BaseModel, ConfigDict, Field
 
-from rollwire import metrics, telemetry, trace_blobs
-from rollwire.bus import CommitFailedError, DeadLetters, Delivery, EventConsumer, EventLog, EventProducer
 from rollwire.consumers.vllm_control import VllmControl, VllmError
-from rollwire.objectstore import ObjectStore
+from rollwire.core import metrics, telemetry, trace_blobs
+from rollwire.core.bus import CommitFailedError, DeadLetters, Delivery, EventConsumer, EventLog, EventProducer
+from rollwire.core.objectstore import ObjectStore
 from rollwire.producers.assembly import assemble
 from rollwire.producers.harnesses import Harness, HarnessTimeout, ResourceLimit
 from rollwire.producers.interception import InferenceGate, Interceptor
@@ -195,7 +195,7 @@ class EnvWorker:
                  model: str | None = None, store: ObjectStore | None = None) -> None:
         self.settings = settings or EnvWorkerSettings()
         self.store = store
-        """Where traces too large for one event go (`rollwire.trace_blobs`); None sends them without their graph."""
+        """Where traces too large for one event go (`rollwire.core.trace_blobs`); None sends them without their graph."""
         self.topics, self.tasksets, self.harness, self.model = topics, tasksets, harness, model
         self.router = control if isinstance(control, Router) else Router.single(control)
         """Where each rollout's model calls go (one replica, or the fleet by version); its owner closes it."""

@@ -19,15 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rollwire.bus import EventLog, HeldDeadLetters, TopicError, read_to_end
 from rollwire.consumers.vllm_control import VllmControl
-from rollwire.errors import ConfigError, RollwireError
-from rollwire.http import HttpError, JsonClient
-from rollwire.objectstore import ObjectStore
+from rollwire.core.bus import EventLog, HeldDeadLetters, TopicError, read_to_end
+from rollwire.core.errors import ConfigError, RollwireError
+from rollwire.core.http import HttpError, JsonClient
+from rollwire.core.objectstore import ObjectStore
+from rollwire.core.weight_versions import fetch
 from rollwire.producers.tasksets import RolloutView, Taskset
 from rollwire.schemas.topics import Topics
 from rollwire.schemas.weights import WeightsPublished
-from rollwire.weight_versions import fetch
 
 
 class EndpointError(RollwireError):

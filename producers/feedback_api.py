@@ -33,9 +33,9 @@ from typing import Any
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rollwire import telemetry
-from rollwire.bus import EventLog, EventProducer, records_to_end
-from rollwire.http_service import Refused, check_exposure, load_tokens, read_body, read_json, refusals, run_app, source_of
+from rollwire.core import telemetry
+from rollwire.core.bus import EventLog, EventProducer, records_to_end
+from rollwire.core.http_service import Refused, check_exposure, load_tokens, read_body, read_json, refusals, run_app, source_of
 from rollwire.schemas.feedback import FeedbackReceived
 from rollwire.schemas.topics import Topics
 

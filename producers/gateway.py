@@ -34,10 +34,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rollwire import telemetry
-from rollwire.bus import EventLog, EventProducer
 from rollwire.consumers.vllm_control import VllmControl, VllmError
-from rollwire.http_service import Refused, check_exposure, load_tokens, read_json, refusals, run_app, source_of
+from rollwire.core import telemetry
+from rollwire.core.bus import EventLog, EventProducer
+from rollwire.core.http_service import Refused, check_exposure, load_tokens, read_json, refusals, run_app, source_of
 from rollwire.producers.interception import END_OF_TURN, Interceptor, recorded_call, shown_ids
 from rollwire.producers.releases import ServingPlan
 from rollwire.producers.routing import FleetView, RolloutRoute, Router

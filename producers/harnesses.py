@@ -24,11 +24,11 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rollwire.errors import RollwireError
-from rollwire.processes import agent_environment, die_with_parent
+from rollwire.core.errors import RollwireError
+from rollwire.core.processes import agent_environment, die_with_parent
+from rollwire.core.registry import Registry
 from rollwire.producers.interception import Interceptor
 from rollwire.producers.interception_server import InterceptionServer
-from rollwire.registry import Registry
 
 Harness = Callable[[dict, Interceptor], str]
 """`harness(task_row, interceptor) -> final answer text`."""

@@ -19,8 +19,8 @@ from collections.abc import Callable
 
 from opentelemetry.trace import SpanKind
 
-from rollwire import telemetry
 from rollwire.consumers.vllm_control import VllmControl
+from rollwire.core import telemetry
 from rollwire.schemas.rollout import InferenceCall, SamplingParams, WeightVersionSpan
 
 

@@ -20,13 +20,13 @@ import getpass
 import logging
 import random
 
-from rollwire.bus import EventLog, EventProducer, Follower, records_to_end
-from rollwire.errors import ConfigError
-from rollwire.objectstore import ObjectStore
+from rollwire.core.bus import EventLog, EventProducer, Follower, records_to_end
+from rollwire.core.errors import ConfigError
+from rollwire.core.objectstore import ObjectStore
+from rollwire.core.weight_versions import stored_version
 from rollwire.schemas.envelope import Codec
 from rollwire.schemas.topics import Topics
 from rollwire.schemas.weights import ServingDecision
-from rollwire.weight_versions import stored_version
 
 logger = logging.getLogger(__name__)
 

@@ -30,9 +30,9 @@ from typing import Any
 
 from opentelemetry import trace
 
-from rollwire import metrics
-from rollwire.bus import EventLog, Follower
 from rollwire.consumers.vllm_control import VllmControl, VllmError
+from rollwire.core import metrics
+from rollwire.core.bus import EventLog, Follower
 from rollwire.producers.interception import version_number
 from rollwire.schemas.topics import Topics
 from rollwire.schemas.weights import ReplicaStatus

@@ -27,11 +27,11 @@ import sys
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
-from rollwire.http import HttpError, JsonClient
+from rollwire.core.http import HttpError, JsonClient
+from rollwire.core.registry import UnknownNameError
 from rollwire.producers.harnesses import HARNESSES, Harness, HarnessError, run_against_endpoint
 from rollwire.producers.interception import Interceptor
 from rollwire.producers.interception_server import InterceptionServer
-from rollwire.registry import UnknownNameError
 
 
 def resolve_harness(reference: str) -> Harness:

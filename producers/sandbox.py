@@ -44,8 +44,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rollwire.errors import ConfigError
-from rollwire.processes import die_with_parent
+from rollwire.core.errors import ConfigError
+from rollwire.core.processes import die_with_parent
 from rollwire.producers.harnesses import HarnessError, HarnessTimeout, ResourceLimit
 from rollwire.producers.interception import Interceptor
 from rollwire.producers.interception_server import InterceptionServer

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from rollwire.errors import ConfigError
-from rollwire.registry import Registry, check_options
+from rollwire.core.errors import ConfigError
+from rollwire.core.registry import Registry, check_options
 from rollwire.schemas.rollout import RolloutError
 
 

@@ -1,6 +1,6 @@
 """The dead letter: a record some component could not use, kept with everything needed to replay it.
 
-Produced by any consumer (through `rollwire.bus.events.DeadLetters`) on `deadletter` (key: the
+Produced by any consumer (through `rollwire.core.bus.events.DeadLetters`) on `deadletter` (key: the
 source topic); consumed by operators and replay tools.
 """
 

@@ -1,10 +1,10 @@
 """Errors of the event contract: bytes that are not an event this reader can use.
 
 Consumers catch `SchemaError` at their process boundary and send the record to the dead-letter
-topic with the error (see `rollwire.bus.events.EventConsumer`).
+topic with the error (see `rollwire.core.bus.events.EventConsumer`).
 """
 
-from rollwire.errors import RollwireError
+from rollwire.core.errors import RollwireError
 
 
 class SchemaError(RollwireError):

@@ -4,8 +4,8 @@
     <prefix>/v000012/config.json            (full checkpoints: whatever the loader needs)
     <prefix>/v000012/manifest.json          this model, as JSON, written after every other file
 
-Written by the trainer (`rollwire.weight_versions.publish`); read and verified by weight subscribers
-(`rollwire.weight_versions.fetch`) before any byte reaches an inference engine. Its sha256 travels in
+Written by the trainer (`rollwire.core.weight_versions.publish`); read and verified by weight subscribers
+(`rollwire.core.weight_versions.fetch`) before any byte reaches an inference engine. Its sha256 travels in
 the `WeightsPublished` event, so a replaced or damaged manifest is refused too.
 """
 

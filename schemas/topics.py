@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from rollwire.errors import ConfigError
+from rollwire.core.errors import ConfigError
 from rollwire.schemas.base import Event
 from rollwire.schemas.deadletter import DeadLetter
 from rollwire.schemas.feedback import FeedbackReceived

@@ -29,7 +29,7 @@ import heapq
 import logging
 import time
 
-from rollwire.bus import DeadLetters, EventConsumer, EventLog, EventProducer
+from rollwire.core.bus import DeadLetters, EventConsumer, EventLog, EventProducer
 from rollwire.schemas.base import Event, now_ms
 from rollwire.schemas.envelope import Codec
 from rollwire.schemas.errors import SchemaError

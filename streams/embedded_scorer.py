@@ -27,9 +27,9 @@ import logging
 import time
 from collections.abc import Iterable, Iterator
 
-from rollwire.bus import DeadLetters, EventConsumer, EventLog, EventProducer
-from rollwire.bus.base import Record
-from rollwire.bus.partitioner import partition_for
+from rollwire.core.bus import DeadLetters, EventConsumer, EventLog, EventProducer
+from rollwire.core.bus.base import Record
+from rollwire.core.bus.partitioner import partition_for
 from rollwire.schemas.base import Event, now_ms
 from rollwire.schemas.envelope import Codec
 from rollwire.schemas.errors import SchemaError

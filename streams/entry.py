@@ -16,8 +16,8 @@ import logging
 from pathlib import Path
 from typing import Literal
 
-from rollwire.bus import BusSettings, EventLog
-from rollwire.errors import ConfigError
+from rollwire.core.bus import BusSettings, EventLog
+from rollwire.core.errors import ConfigError
 from rollwire.schemas.topics import Topics
 from rollwire.streams.feedback_join import FeedbackJoinSettings
 from rollwire.streams.scoring import ScorerSettings

@@ -28,11 +28,11 @@ from typing import Any
 
 import faust
 
-from rollwire import telemetry
-from rollwire.bus.base import Record
-from rollwire.bus.events import dead_letter_for, outgoing
-from rollwire.bus.partitioner import partition_for
-from rollwire.bus.settings import KafkaBusSettings
+from rollwire.core import telemetry
+from rollwire.core.bus.base import Record
+from rollwire.core.bus.events import dead_letter_for, outgoing
+from rollwire.core.bus.partitioner import partition_for
+from rollwire.core.bus.settings import KafkaBusSettings
 from rollwire.schemas.base import Event, now_ms
 from rollwire.schemas.envelope import Codec
 from rollwire.schemas.errors import SchemaError

@@ -39,8 +39,8 @@ from typing import Annotated, Any, Protocol
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from rollwire import telemetry
-from rollwire.registry import Registry
+from rollwire.core import telemetry
+from rollwire.core.registry import Registry
 from rollwire.schemas.base import Event, now_ms
 from rollwire.schemas.feedback import PRODUCTION_GROUP_PREFIX, FeedbackReceived
 from rollwire.schemas.joiner import FeedbackJoinState, PartnerRecord, SourceBaseline

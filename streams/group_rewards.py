@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from rollwire.registry import Registry, check_options
+from rollwire.core.registry import Registry, check_options
 from rollwire.schemas.rollout import RolloutCompleted
 
 GroupReward = Callable[..., list[float]]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
-from rollwire.bus import EventConsumer, EventProducer
+from rollwire.core.bus import EventConsumer, EventProducer
 from rollwire.schemas.base import Event
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import msgpack
 
-from rollwire.bus import (
+from rollwire.core.bus import (
     DeadLetters,
     EventLog,
     EventProducer,
@@ -38,8 +38,8 @@ from rollwire.bus import (
     read_to_end,
     records_to_end,
 )
-from rollwire.bus.events import Delivery, decoded
-from rollwire.errors import ConfigError
+from rollwire.core.bus.events import Delivery, decoded
+from rollwire.core.errors import ConfigError
 from rollwire.producers.tasksets import RolloutView
 from rollwire.schemas.base import Event
 from rollwire.schemas.envelope import Codec

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from opentelemetry import trace
 from pydantic import BaseModel, ConfigDict, Field
 
-from rollwire import telemetry
+from rollwire.core import telemetry
 from rollwire.schemas.base import Event, now_ms
 from rollwire.schemas.rollout import RolloutCompleted, ScoredRollout
 from rollwire.schemas.scorer import ScorerGroupState

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rollwire.errors import RollwireError
-from rollwire.http import HttpError, JsonClient
+from rollwire.core.errors import RollwireError
+from rollwire.core.http import HttpError, JsonClient
 
 
 class TeacherError(RollwireError):

@@ -233,7 +233,7 @@ def record_scored_run(log, topics: Topics, groups: int = 10) -> int:
     """A small recorded run on `log`: `groups` groups of 4 (group 3 with an errored rollout),
     members interleaved and out of order as env workers finish them, with their tasks and traces,
     scored by the live embedded scorer. Returns the rollouts scored."""
-    from rollwire.bus import EventProducer, catalog_topics
+    from rollwire.core.bus import EventProducer, catalog_topics
     from rollwire.streams.embedded_scorer import EmbeddedScorer
     from rollwire.streams.scoring import GroupScorer, ScorerSettings
     log.create_topics(catalog_topics(topics))

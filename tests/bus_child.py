@@ -16,8 +16,8 @@ import sys
 
 from pydantic import TypeAdapter
 
-from rollwire.bus import open_log
-from rollwire.bus.settings import BusSettings
+from rollwire.core.bus import open_log
+from rollwire.core.bus.settings import BusSettings
 
 
 def main(argv: list[str]) -> None:

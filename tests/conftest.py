@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from rollwire.bus import EmbeddedBusSettings, EventLog, KafkaBusSettings, TopicConfig, open_log
+from rollwire.core.bus import EmbeddedBusSettings, EventLog, KafkaBusSettings, TopicConfig, open_log
 from rollwire.schemas import Topics
 
 REPO = Path(__file__).resolve().parent.parent
@@ -122,7 +122,7 @@ def s3_endpoint() -> Iterator[str]:
 @pytest.fixture
 def s3_store(s3_endpoint):
     """A fresh bucket on the S3 endpoint."""
-    from rollwire.objectstore import S3Store
+    from rollwire.core.objectstore import S3Store
     return S3Store(s3_endpoint, f"b{uuid.uuid4().hex[:12]}", access_key="test", secret_key="test", secure=False,
                    region="us-east-1")
 
@@ -132,7 +132,7 @@ def store(request, tmp_path):
     """Each object-store backend."""
     if request.param == "s3":
         return request.getfixturevalue("s3_store")
-    from rollwire.objectstore import LocalStore
+    from rollwire.core.objectstore import LocalStore
     return LocalStore(tmp_path / "store")
 
 

@@ -72,7 +72,7 @@ def served_logprob_gaps(log, rollouts_topic: str, weights_root: Path) -> dict[in
     the logprobs the replica served and those of that version's weights in the store, by version."""
     from reference import transformers_logprobs
 
-    from rollwire.bus import HeldDeadLetters, read_to_end
+    from rollwire.core.bus import HeldDeadLetters, read_to_end
     first: dict[int, object] = {}
     for delivery in read_to_end(log, [rollouts_topic], HeldDeadLetters()):
         rollout = delivery.event

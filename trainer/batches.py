@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from rollwire.bus import AtOffsets, DeadLetters, Delivery, EventConsumer, EventLog, EventProducer
+from rollwire.core.bus import AtOffsets, DeadLetters, Delivery, EventConsumer, EventLog, EventProducer
 from rollwire.schemas.base import now_ms
 from rollwire.schemas.rollout import ScoredRollout
 from rollwire.schemas.topics import Topics

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from rollwire.bus import EventLog
-from rollwire.objectstore import ObjectStore
+from rollwire.core.bus import EventLog
+from rollwire.core.objectstore import ObjectStore
+from rollwire.core.telemetry import TelemetrySettings
 from rollwire.schemas.topics import Topics
-from rollwire.telemetry import TelemetrySettings
 from rollwire.trainer.settings import TrainerSettings
 
 
@@ -23,7 +23,7 @@ def serve_trainer(log: EventLog, topics: Topics, store: ObjectStore, settings: T
     """Trains until `max_steps` in all, `idle_exit_s` without a batch, or Ctrl-C; each step goes to
     the trackers `telemetry.report_to` names, under `run_name`, with `params` (default: the
     trainer's settings) as the run's parameters."""
-    from rollwire.trackers import flat_params, open_trackers
+    from rollwire.core.trackers import flat_params, open_trackers
     from rollwire.trainer.distributed import from_environment
     from rollwire.trainer.loop import Trainer, follow
     from rollwire.trainer.model import resolve_device

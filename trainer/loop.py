@@ -30,16 +30,17 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from rollwire import metrics, telemetry
-from rollwire.bus import EventLog, EventProducer
-from rollwire.errors import ConfigError
-from rollwire.objectstore import ObjectStore
+from rollwire.core import metrics, telemetry
+from rollwire.core.bus import EventLog, EventProducer
+from rollwire.core.errors import ConfigError
+from rollwire.core.objectstore import ObjectStore
+from rollwire.core.trackers import Trackers, step_metrics
+from rollwire.core.weight_versions import Published, publish, version_prefix
 from rollwire.schemas.registry import EVENT_TYPES
 from rollwire.schemas.rollout import ScoredRollout
 from rollwire.schemas.topics import Topics
 from rollwire.schemas.training import TrainStepCompleted
 from rollwire.schemas.weights import WeightsPublished
-from rollwire.trackers import Trackers, step_metrics
 from rollwire.trainer import checkpoint
 from rollwire.trainer.batches import Batch, BatchConsumer
 from rollwire.trainer.distributed import Shard
@@ -47,7 +48,6 @@ from rollwire.trainer.model import resolve_device, save_model
 from rollwire.trainer.retention import InUse, apply_retention
 from rollwire.trainer.settings import TrainerSettings
 from rollwire.trainer.step import Objectives, StepResult, train_step
-from rollwire.weight_versions import Published, publish, version_prefix
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ class Trainer:
         self._ready_since = time.monotonic()
         self.shard = shard
         self.trackers = trackers
-        """Where each step's metrics are reported once its commit is sent (`rollwire.trackers`)."""
+        """Where each step's metrics are reported once its commit is sent (`rollwire.core.trackers`)."""
         self.in_use = InUse(log, topics, settings.policy) if settings.retention.keep_last is not None else None
         """Versions replicas serve or serving decisions name: never pruned (`rollwire.trainer.retention`)."""
         self._staleness = metrics.staleness_histogram()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from rollwire.errors import ConfigError
+from rollwire.core.errors import ConfigError
 from rollwire.schemas.rollout import RolloutCompleted
 from rollwire.trainer.settings import ModelSettings
 

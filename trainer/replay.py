@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from rollwire.bus import DeadLetters, EventLog, EventProducer, TopicError, catalog_topics, read_to_end
-from rollwire.errors import ConfigError
-from rollwire.objectstore import ObjectNotFoundError, ObjectStore
+from rollwire.core.bus import DeadLetters, EventLog, EventProducer, TopicError, catalog_topics, read_to_end
+from rollwire.core.errors import ConfigError
+from rollwire.core.objectstore import ObjectNotFoundError, ObjectStore
+from rollwire.core.weight_versions import fetch
 from rollwire.schemas.manifest import MANIFEST_NAME, Manifest
 from rollwire.schemas.rollout import ScoredRollout
 from rollwire.schemas.topics import Topics
@@ -39,7 +40,6 @@ from rollwire.trainer.loop import batch_fields, publish_weights
 from rollwire.trainer.model import resolve_device
 from rollwire.trainer.settings import TrainerSettings
 from rollwire.trainer.step import Objectives, train_step
-from rollwire.weight_versions import fetch
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ def scored_by_id(log: EventLog, scored: Topics, wanted: set[str],
 def _ignored() -> DeadLetters:
     """Replay reads and never writes to the run's dead-letter topic: what does not decode there
     was dead-lettered when the run read it."""
-    from rollwire.bus import HeldDeadLetters
+    from rollwire.core.bus import HeldDeadLetters
     return HeldDeadLetters("replay")
 
 

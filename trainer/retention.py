@@ -20,12 +20,12 @@ from __future__ import annotations
 import logging
 import threading
 
-from rollwire.bus import EventLog, Follower
-from rollwire.objectstore import ObjectStore
+from rollwire.core.bus import EventLog, Follower
+from rollwire.core.objectstore import ObjectStore
+from rollwire.core.weight_versions import prune_version, stored_versions
 from rollwire.schemas.topics import Topics
 from rollwire.schemas.weights import ReplicaStatus, ServingDecision
 from rollwire.trainer.settings import RetentionSettings
-from rollwire.weight_versions import prune_version, stored_versions
 
 logger = logging.getLogger(__name__)
 

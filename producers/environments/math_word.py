@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from rollwire.errors import ConfigError
+from rollwire.core.errors import ConfigError
 from rollwire.producers.tasksets import RolloutView, Taskset, metric, read_rows, register_taskset, reward
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")

@@ -67,14 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from rollwire.errors import RollwireError
-    from rollwire.processes import configure_logging, stop_on_sigterm
+    from rollwire.core.errors import RollwireError
+    from rollwire.core.processes import configure_logging, stop_on_sigterm
     configure_logging(logging.DEBUG if args.verbose else logging.INFO, "%(asctime)s %(levelname)s %(name)s: %(message)s")
     stop_on_sigterm()  # commands that own a server (inference, faust's score) install their own handler
     provider = None
     try:
         if args.traces != "none":
-            from rollwire.telemetry import TelemetrySettings, configure
+            from rollwire.core.telemetry import TelemetrySettings, configure
             provider = configure(TelemetrySettings(exporter=args.traces, otlp_endpoint=args.otlp_endpoint,
                                                    service_name=f"rollwire-{args.command}"))
         return args.run(args)

@@ -100,9 +100,9 @@ def _versions(args: argparse.Namespace, taskset, settings: dict, bar) -> list:
     loaded into it in turn and evaluated."""
     import tempfile
 
-    from rollwire.bus import open_log
     from rollwire.consumers.vllm_server import VllmServer
-    from rollwire.objectstore import open_store
+    from rollwire.core.bus import open_log
+    from rollwire.core.objectstore import open_store
     from rollwire.producers.evaluate import Contender, evaluate_versions, published_version
     from rollwire.run.recipe import RunRecipe
     from rollwire.schemas.topics import Topics

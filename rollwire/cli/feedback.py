@@ -80,7 +80,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 def _serve_on_log(args: argparse.Namespace, serve, settings, banner: str) -> int:
     """Runs an HTTP service's `serve(log, topics, settings, ready=...)` on the bus options' log
     until interrupted; prints `banner` (with `{port}` filled in) once it listens."""
-    from rollwire.bus import catalog_topics, open_log
+    from rollwire.core.bus import catalog_topics, open_log
     from rollwire.schemas.topics import Topics
     topics = Topics(args.prefix)
     with open_log(bus_settings(args)) as log:
@@ -119,8 +119,8 @@ def add_join(sub) -> None:
 
 
 def cmd_join(args: argparse.Namespace) -> int:
-    from rollwire.bus import catalog_topics, open_log
     from rollwire.cli.options import config_table, validated
+    from rollwire.core.bus import catalog_topics, open_log
     from rollwire.schemas.topics import Topics
     from rollwire.streams.entry import serve_joiner
     from rollwire.streams.feedback_join import FeedbackJoinSettings
@@ -187,7 +187,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import Progress
 
-    from rollwire.bus import catalog_topics, open_log
+    from rollwire.core.bus import catalog_topics, open_log
     from rollwire.producers.feedback_api import FeedbackApiSettings, Ingest, import_id, submit_all
     from rollwire.schemas.topics import Topics
     if not args.file.is_file():

@@ -54,7 +54,7 @@ def _tokenizer(path: Path | None, run) -> object | None:
     candidate = path or (Path(run.base_model) if run is not None else None)
     if candidate is None or not (candidate / "tokenizer_config.json").is_file():
         if path is not None:
-            from rollwire.errors import ConfigError
+            from rollwire.core.errors import ConfigError
             raise ConfigError(f"--tokenizer {path} holds no tokenizer (no tokenizer_config.json)")
         return None
     from transformers import AutoTokenizer
@@ -62,7 +62,7 @@ def _tokenizer(path: Path | None, run) -> object | None:
 
 
 def cmd_inspect_rollout(args: argparse.Namespace) -> int:
-    from rollwire.bus import open_log
+    from rollwire.core.bus import open_log
     from rollwire.run.inspect import render_rollout, rollout_story
     from rollwire.schemas.topics import Topics
     run, log_settings, prefix = recorded_run(args)
@@ -73,7 +73,7 @@ def cmd_inspect_rollout(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect_step(args: argparse.Namespace) -> int:
-    from rollwire.bus import open_log
+    from rollwire.core.bus import open_log
     from rollwire.run.inspect import render_step, step_story
     from rollwire.schemas.topics import Topics
     _, log_settings, prefix = recorded_run(args)
@@ -83,7 +83,7 @@ def cmd_inspect_step(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect_run(args: argparse.Namespace) -> int:
-    from rollwire.bus import open_log
+    from rollwire.core.bus import open_log
     from rollwire.run.ledger import render_ledger, run_ledger
     from rollwire.schemas.topics import Topics
     _, log_settings, prefix = recorded_run(args)

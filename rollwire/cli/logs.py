@@ -64,7 +64,7 @@ def cmd_topics(args: argparse.Namespace) -> int:
         return 0
     topics = Topics(args.prefix)
     if args.create:
-        from rollwire.bus import catalog_topics, open_log
+        from rollwire.core.bus import catalog_topics, open_log
         with open_log(bus_settings(args)) as log:
             log.create_topics(catalog_topics(topics))
         print(f"created {len(CATALOG)} topics with prefix {args.prefix!r} on the {args.bus} log")
@@ -125,7 +125,7 @@ def _summary(line: dict, width: int) -> str:
 def cmd_tail(args: argparse.Namespace) -> int:
     import shutil
 
-    from rollwire.bus import AtTime, Beginning, open_log
+    from rollwire.core.bus import AtTime, Beginning, open_log
     from rollwire.schemas import Codec, SchemaError
     topic = args.topic if "." in args.topic else f"{args.prefix}.{args.topic}"
     start = AtTime(time.time_ns() // 1_000_000 - _age_ms(args.since)) if args.since else Beginning()

@@ -24,8 +24,8 @@ def add_bus_options(parser: argparse.ArgumentParser) -> None:
 
 
 def bus_settings(args: argparse.Namespace):
-    from rollwire.bus import EmbeddedBusSettings, KafkaBusSettings
-    from rollwire.bus.settings import KafkaSecurity
+    from rollwire.core.bus import EmbeddedBusSettings, KafkaBusSettings
+    from rollwire.core.bus.settings import KafkaSecurity
     if args.bus == "kafka":
         security = KafkaSecurity()
         if getattr(args, "kafka_security", None) is not None:
@@ -51,7 +51,7 @@ def add_store_options(parser: argparse.ArgumentParser, purpose: str = "weights")
 
 
 def store_settings(args: argparse.Namespace):
-    from rollwire.objectstore import LocalStoreSettings, S3StoreSettings
+    from rollwire.core.objectstore import LocalStoreSettings, S3StoreSettings
     if args.store == "s3":
         return S3StoreSettings(endpoint=args.s3_endpoint, bucket=args.s3_bucket, secure=args.s3_secure)
     return LocalStoreSettings(root=args.store_dir)
@@ -82,7 +82,7 @@ def recorded_run(args: argparse.Namespace):
     """(the run's recipe or None, its event-log settings, its topic prefix) from `add_run_options`."""
     if args.run_dir is None:
         return None, bus_settings(args), args.prefix
-    from rollwire.errors import ConfigError
+    from rollwire.core.errors import ConfigError
     from rollwire.run.recipe import RunRecipe
     path = args.run_dir / "recipe.json"
     if not path.is_file():
@@ -168,7 +168,7 @@ def add_processor_options(parser, *, role: str, idle_help: str) -> None:
 
 def processor_driver(args, command: str):
     """`faust` or `embedded`: the one asked for, else faust on Kafka; faust off Kafka ends the command."""
-    from rollwire.errors import ConfigError
+    from rollwire.core.errors import ConfigError
     from rollwire.streams.entry import choose_driver
     try:
         return choose_driver(bus_settings(args), args.driver)

@@ -89,7 +89,7 @@ def _tasksets(names: list[str], options: list[str]) -> dict:
 
 
 def cmd_dispatch(args: argparse.Namespace) -> int:
-    from rollwire.bus import catalog_topics, open_log
+    from rollwire.core.bus import catalog_topics, open_log
     from rollwire.producers.entry import serve_dispatcher
     from rollwire.schemas.topics import Topics
     weights = {}
@@ -110,8 +110,8 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
 
 
 def cmd_env_worker(args: argparse.Namespace) -> int:
-    from rollwire.bus import catalog_topics, open_log
-    from rollwire.objectstore import open_store
+    from rollwire.core.bus import catalog_topics, open_log
+    from rollwire.core.objectstore import open_store
     from rollwire.producers.entry import serve_env_worker
     from rollwire.schemas.topics import Topics
     tasksets = _tasksets(args.env, args.option)

@@ -57,8 +57,8 @@ def add_rollback(sub) -> None:
 
 def _decide(args: argparse.Namespace, decide) -> int:
     """Opens the log and the store, makes the decision (`promote` or `rollback`), prints it."""
-    from rollwire.bus import catalog_topics, open_log
-    from rollwire.objectstore import open_store
+    from rollwire.core.bus import catalog_topics, open_log
+    from rollwire.core.objectstore import open_store
     from rollwire.producers.releases import describe
     from rollwire.schemas.topics import Topics
     run, log_settings, prefix = recorded_run(args)

@@ -128,7 +128,7 @@ def cmd_replay_score(args: argparse.Namespace) -> int:
     from rich.markdown import Markdown
     from rich.progress import Progress
 
-    from rollwire.bus import open_log
+    from rollwire.core.bus import open_log
     from rollwire.schemas.topics import Topics
     from rollwire.streams import replay
     from rollwire.streams.scoring import GroupScorer, ScorerSettings
@@ -175,8 +175,8 @@ def cmd_replay_train(args: argparse.Namespace) -> int:
     from rich.markdown import Markdown
     from rich.progress import Progress, TaskID
 
-    from rollwire.bus import open_log
-    from rollwire.objectstore import open_store
+    from rollwire.core.bus import open_log
+    from rollwire.core.objectstore import open_store
     from rollwire.schemas.topics import Topics
     from rollwire.trainer import replay
 

@@ -99,7 +99,7 @@ def _scorer_settings(path: Path | None):
 
 
 def cmd_score(args: argparse.Namespace) -> int:
-    from rollwire.bus import catalog_topics, open_log
+    from rollwire.core.bus import catalog_topics, open_log
     from rollwire.schemas.topics import Topics
     from rollwire.streams.entry import serve_scorer
     settings = _scorer_settings(args.config)
@@ -115,10 +115,10 @@ def cmd_score(args: argparse.Namespace) -> int:
 
 
 def cmd_inference(args: argparse.Namespace) -> int:
-    from rollwire.bus import catalog_topics, open_log
     from rollwire.consumers.entry import serve_replica
     from rollwire.consumers.vllm_server import free_port
-    from rollwire.objectstore import open_store
+    from rollwire.core.bus import catalog_topics, open_log
+    from rollwire.core.objectstore import open_store
     from rollwire.schemas.topics import Topics
     flags = settings_flags(args, SERVER_FLAGS)
     flags["port"] = flags.get("port") or free_port(flags.get("host", "127.0.0.1"))
@@ -148,15 +148,15 @@ def _trainer_settings(args: argparse.Namespace):
 
 def _telemetry_settings(args: argparse.Namespace):
     """The config file's [telemetry] table (trackers: report_to), named for the trainer."""
-    from rollwire.telemetry import TelemetrySettings
+    from rollwire.core.telemetry import TelemetrySettings
     table = {"service_name": "rollwire-trainer", **config_table(args.config, "telemetry", "train")}
     return validated(TelemetrySettings, table, "telemetry", "train")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
     settings, telemetry = _trainer_settings(args), _telemetry_settings(args)
-    from rollwire.bus import catalog_topics, open_log
-    from rollwire.objectstore import open_store
+    from rollwire.core.bus import catalog_topics, open_log
+    from rollwire.core.objectstore import open_store
     from rollwire.schemas.topics import Topics
     from rollwire.trainer.entry import serve_trainer
     topics = Topics(args.prefix)

@@ -13,8 +13,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollwire.bus import EventLog, HeldDeadLetters, read_to_end
-from rollwire.errors import ConfigError
+from rollwire.core.bus import EventLog, HeldDeadLetters, read_to_end
+from rollwire.core.errors import ConfigError
 from rollwire.schemas.rollout import RolloutCompleted, ScoredRollout, TaskAssigned, TraceRecorded
 from rollwire.schemas.topics import Topics
 from rollwire.schemas.training import RolloutsDropped, TrainStepCompleted

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from rollwire.bus import EventLog, HeldDeadLetters, read_to_end
+from rollwire.core.bus import EventLog, HeldDeadLetters, read_to_end
 from rollwire.schemas.rollout import RolloutCompleted, ScoredRollout, TaskAssigned
 from rollwire.schemas.topics import Topics
 from rollwire.schemas.training import RolloutsDropped, TrainStepCompleted

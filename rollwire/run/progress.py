@@ -15,14 +15,14 @@ from pathlib import Path
 
 from rich.table import Table
 
-from rollwire.bus import Beginning, BusError, EventLog
-from rollwire.metrics import LagProbe
+from rollwire.core.bus import Beginning, BusError, EventLog
+from rollwire.core.metrics import LagProbe
+from rollwire.core.trackers import step_metrics
 from rollwire.schemas.envelope import Codec
 from rollwire.schemas.rollout import RolloutCompleted
 from rollwire.schemas.topics import Topics
 from rollwire.schemas.training import TrainStepCompleted
 from rollwire.schemas.weights import ReplicaStatus
-from rollwire.trackers import step_metrics
 
 
 @dataclass

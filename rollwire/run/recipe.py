@@ -17,10 +17,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from rollwire.bus.settings import BusSettings, EmbeddedBusSettings
 from rollwire.consumers.vllm_server import VllmServerSettings
-from rollwire.errors import ConfigError
-from rollwire.objectstore import LocalStoreSettings, StoreSettings
+from rollwire.core.bus.settings import BusSettings, EmbeddedBusSettings
+from rollwire.core.errors import ConfigError
+from rollwire.core.objectstore import LocalStoreSettings, StoreSettings
+from rollwire.core.telemetry import TelemetrySettings
 from rollwire.producers.dispatcher import DispatcherSettings, EnvironmentMix
 from rollwire.producers.env_worker import EnvWorkerSettings
 from rollwire.producers.feedback_api import FeedbackApiSettings
@@ -29,7 +30,6 @@ from rollwire.producers.tasksets import check_taskset
 from rollwire.schemas.topics import GroupRole, Topics
 from rollwire.streams.feedback_join import FeedbackJoinSettings
 from rollwire.streams.scoring import ScorerSettings
-from rollwire.telemetry import TelemetrySettings
 from rollwire.trainer.settings import TrainerSettings, WarmStartSettings
 
 DEMO = "demo.toml"
@@ -237,7 +237,7 @@ class RunRecipe(_Section):
         return Topics(self.topic_prefix).group(role)
 
     def consumer_groups(self) -> list[tuple[str, str]]:
-        """(group id, topic) of every consumer group of the run, for its lag (`rollwire.metrics.LagProbe`).
+        """(group id, topic) of every consumer group of the run, for its lag (`rollwire.core.metrics.LagProbe`).
         The trainer keeps its positions in its checkpoint, not in a group: it reports its own lag."""
         topics = Topics(self.topic_prefix)
         groups = [(self.group_id("env-worker"), topics.tasks), (self.group_id("scorer"), topics.rollouts)]

@@ -21,9 +21,9 @@ import sys
 import time
 from pathlib import Path
 
-from rollwire import metrics, telemetry
-from rollwire.bus import catalog_topics, open_log
-from rollwire.processes import configure_logging, stop_on_sigterm
+from rollwire.core import metrics, telemetry
+from rollwire.core.bus import catalog_topics, open_log
+from rollwire.core.processes import configure_logging, stop_on_sigterm
 from rollwire.run.recipe import RunRecipe
 from rollwire.schemas.topics import Topics
 
@@ -38,7 +38,7 @@ def base_url(recipe: RunRecipe, index: int = 0) -> str:
 def run_replica(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
     from rollwire.consumers.entry import serve_replica
     from rollwire.consumers.weight_subscriber import WeightSubscriberSettings
-    from rollwire.objectstore import open_store
+    from rollwire.core.objectstore import open_store
     cache = recipe.run_dir / ("replica-cache" if index == 0 else f"replica-cache-{index}")
     subscriber = WeightSubscriberSettings(replica_id=f"replica-{index}", policy=recipe.trainer.policy, cache_dir=cache)
     server = recipe.server_settings(index).model_copy(update={"pid_file": cache / "vllm.pid"})
@@ -52,7 +52,7 @@ def run_scorer(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
 
 
 def run_trainer(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
-    from rollwire.objectstore import open_store
+    from rollwire.core.objectstore import open_store
     from rollwire.trainer.entry import serve_trainer
     params = {"trainer": recipe.trainer.model_dump(mode="json"),
               "environments": ",".join(e.name for e in recipe.environments), "steps": recipe.steps}
@@ -68,7 +68,7 @@ def torchrun(processes: int) -> list[str]:
 
 
 def run_env_worker(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
-    from rollwire.objectstore import open_store
+    from rollwire.core.objectstore import open_store
     from rollwire.producers.entry import serve_env_worker
     from rollwire.producers.tasksets import load_taskset
     tasksets = {e.name: load_taskset(e.name, **e.options) for e in recipe.environments}

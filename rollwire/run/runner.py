@@ -30,10 +30,10 @@ from rich.console import Console
 from rich.live import Live
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from rollwire.bus import catalog_topics, open_log
 from rollwire.consumers.vllm_control import VllmControl
 from rollwire.consumers.vllm_server import free_port
-from rollwire.metrics import LagProbe
+from rollwire.core.bus import catalog_topics, open_log
+from rollwire.core.metrics import LagProbe
 from rollwire.run.progress import RunProgress, StallWatch, plot
 from rollwire.run.recipe import RunRecipe
 from rollwire.run.roles import base_url, torchrun

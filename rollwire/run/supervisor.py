@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rollwire.errors import RollwireError
-from rollwire.processes import die_with_parent
+from rollwire.core.errors import RollwireError
+from rollwire.core.processes import die_with_parent
 
 STOP_ORDER = ("gateway", "feedback-api", "dispatcher", "env-worker", "joiner", "scorer", "trainer", "replica")
 """Whoever makes work stops first, so nothing downstream waits for what will not come."""

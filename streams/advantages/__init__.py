@@ -5,7 +5,7 @@
         name = "rloo"
         def __call__(self, group): ...
 
-Every module in this package is imported on first lookup (`rollwire.registry`), so adding an
+Every module in this package is imported on first lookup (`rollwire.core.registry`), so adding an
 algorithm is adding one module; no other file changes. Estimators are pure: plain numbers in, plain numbers out, no
 Kafka, torch or network. The scorer looks one up by the name each task carries.
 """
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from rollwire.registry import Registry, UnknownNameError
+from rollwire.core.registry import Registry, UnknownNameError
 
 
 class UnknownAlgorithmError(UnknownNameError):

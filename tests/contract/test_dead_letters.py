@@ -7,7 +7,7 @@ import time
 import msgpack
 from builders import rollout
 
-from rollwire.bus import DeadLetters, EventConsumer, EventProducer, catalog_topics
+from rollwire.core.bus import DeadLetters, EventConsumer, EventProducer, catalog_topics
 from rollwire.schemas import Codec, DeadLetter
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from rollwire.bus import AtOffsets, AtTime, Beginning, DeliveryError, EventLog, TopicError
-from rollwire.bus.partitioner import partition_for
-from rollwire.metrics import LagProbe
+from rollwire.core.bus import AtOffsets, AtTime, Beginning, DeliveryError, EventLog, TopicError
+from rollwire.core.bus.partitioner import partition_for
+from rollwire.core.metrics import LagProbe
 
 CHILD = str(Path(__file__).resolve().parent.parent / "bus_child.py")
 
@@ -243,7 +243,7 @@ def test_a_record_sent_to_a_partition_lands_there_whatever_its_key(log, new_topi
 def test_scans_register_no_consumer_group_on_the_broker(bus_settings_kafka, topics):
     from confluent_kafka.admin import AdminClient
 
-    from rollwire.bus import DeadLetters, EventProducer, catalog_topics, open_log, read_to_end
+    from rollwire.core.bus import DeadLetters, EventProducer, catalog_topics, open_log, read_to_end
     admin = AdminClient({"bootstrap.servers": bus_settings_kafka.bootstrap_servers})
 
     def groups() -> set[str]:

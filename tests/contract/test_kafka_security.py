@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from builders import group_of
 
-from rollwire.bus import Beginning, BusError, EventProducer, KafkaBusSettings, catalog_topics, open_log
-from rollwire.errors import ConfigError
+from rollwire.core.bus import Beginning, BusError, EventProducer, KafkaBusSettings, catalog_topics, open_log
+from rollwire.core.errors import ConfigError
 from rollwire.schemas import Codec, Topics
 
 pytestmark = [pytest.mark.kafka]

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from builders import write_safetensors
 
-from rollwire.objectstore import ObjectNotFoundError, ObjectStoreError
-from rollwire.weight_versions import (
+from rollwire.core.objectstore import ObjectNotFoundError, ObjectStoreError
+from rollwire.core.weight_versions import (
     CheckpointMissingError,
     CorruptCheckpointError,
     IncompatibleCheckpointError,

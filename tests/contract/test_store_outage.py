@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from builders import write_safetensors
 
-from rollwire.objectstore import ObjectStoreError, S3Store
-from rollwire.weight_versions import publish, stored_versions, version_prefix
+from rollwire.core.objectstore import ObjectStoreError, S3Store
+from rollwire.core.weight_versions import publish, stored_versions, version_prefix
 
 
 class Gate:

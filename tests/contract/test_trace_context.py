@@ -7,8 +7,8 @@ import time
 from builders import rollout
 from opentelemetry.trace import SpanKind
 
-from rollwire import telemetry
-from rollwire.bus import DeadLetters, EventConsumer, EventProducer, catalog_topics
+from rollwire.core import telemetry
+from rollwire.core.bus import DeadLetters, EventConsumer, EventProducer, catalog_topics
 
 
 def test_traceparent_travels_in_headers_and_links_consumer_to_producer(log, topics, group_id, spans):

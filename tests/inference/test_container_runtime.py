@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from docker_engine import engine_with_images
 
-from rollwire.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
+from rollwire.core.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
 from rollwire.producers.env_worker import EnvWorker, EnvWorkerSettings
 from rollwire.producers.interception import Interceptor
 from rollwire.producers.routing import Router

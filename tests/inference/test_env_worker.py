@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from reference import transformers_logprobs
 
-from rollwire.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
+from rollwire.core.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
 from rollwire.producers.env_worker import EnvWorker, EnvWorkerSettings
 from rollwire.producers.harnesses import completion_harness
 from rollwire.producers.tasksets import load_taskset

@@ -51,12 +51,12 @@ def test_an_unreachable_endpoint_is_reported_per_answer_not_fatal(tmp_path):
 
 def test_published_versions_are_compared_on_the_same_rows_each_with_its_own_weights(vllm_server, tiny_models,
                                                                                    tmp_path, version_base):
-    from rollwire.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
-    from rollwire.errors import ConfigError
-    from rollwire.objectstore import LocalStore
+    from rollwire.core.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
+    from rollwire.core.errors import ConfigError
+    from rollwire.core.objectstore import LocalStore
+    from rollwire.core.weight_versions import publish
     from rollwire.producers.evaluate import Contender, evaluate_versions, published_version
     from rollwire.schemas import Topics, WeightsPublished
-    from rollwire.weight_versions import publish
 
     store, run, shadow = LocalStore(tmp_path / "store"), Topics("run"), Topics("run-fixed")
     log = open_log(EmbeddedBusSettings(path=tmp_path / "log"))

@@ -12,7 +12,7 @@ import pytest
 from builders import listening
 from reference import transformers_logprobs
 
-from rollwire.bus import EmbeddedBusSettings, HeldDeadLetters, open_log, read_to_end
+from rollwire.core.bus import EmbeddedBusSettings, HeldDeadLetters, open_log, read_to_end
 from rollwire.schemas import ResponseServed, Topics
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

@@ -14,11 +14,11 @@ import psutil
 import pytest
 from reference import transformers_logprobs
 
-from rollwire.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
 from rollwire.consumers.vllm_control import VllmControl
-from rollwire.objectstore import LocalStore
+from rollwire.core.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
+from rollwire.core.objectstore import LocalStore
+from rollwire.core.weight_versions import publish
 from rollwire.schemas import Codec, Topics, WeightsPublished
-from rollwire.weight_versions import publish
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

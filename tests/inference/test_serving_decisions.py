@@ -14,12 +14,12 @@ import pytest
 from builders import listening
 from reference import transformers_logprobs
 
-from rollwire.bus import EmbeddedBusSettings, HeldDeadLetters, catalog_topics, open_log, read_to_end
 from rollwire.consumers.weight_subscriber import WeightSubscriber, WeightSubscriberSettings
-from rollwire.objectstore import LocalStore
+from rollwire.core.bus import EmbeddedBusSettings, HeldDeadLetters, catalog_topics, open_log, read_to_end
+from rollwire.core.objectstore import LocalStore
+from rollwire.core.weight_versions import publish, version_prefix
 from rollwire.producers.releases import history, promote
 from rollwire.schemas import ResponseServed, Topics
-from rollwire.weight_versions import publish, version_prefix
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

@@ -8,11 +8,11 @@ import time
 import pytest
 from reference import transformers_logprobs
 
-from rollwire.bus import EmbeddedBusSettings, catalog_topics, open_log
-from rollwire.bus.events import EventProducer
 from rollwire.consumers.weight_subscriber import WeightSubscriber, WeightSubscriberSettings
+from rollwire.core.bus import EmbeddedBusSettings, catalog_topics, open_log
+from rollwire.core.bus.events import EventProducer
+from rollwire.core.weight_versions import publish
 from rollwire.schemas import Codec, ReplicaStatus, Topics, WeightsPublished
-from rollwire.weight_versions import publish
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -232,7 +232,7 @@ def test_a_tied_embedding_model_reloads_full_weight_and_serves_each_new_version(
     from transformers import AutoModelForCausalLM
 
     from rollwire.consumers.vllm_server import VllmServer, VllmServerSettings
-    from rollwire.objectstore import LocalStore
+    from rollwire.core.objectstore import LocalStore
     from rollwire.trainer.tiny import build_bpe_tokenizer, build_tiny_model
     tokenizer = build_bpe_tokenizer()
 
@@ -280,7 +280,7 @@ def test_a_mixture_of_experts_reload_is_wrong_on_this_vllm_so_the_subscriber_ref
     here: if the first assertion starts failing, vLLM fixed it, and `allow_moe_full_reload` can become
     the default. Until then the subscriber refuses such versions before touching the engine."""
     from rollwire.consumers.vllm_server import VllmServer, VllmServerSettings
-    from rollwire.objectstore import LocalStore
+    from rollwire.core.objectstore import LocalStore
     from rollwire.trainer.tiny import build_bpe_tokenizer, build_tiny_model
     tokenizer = build_bpe_tokenizer()
     old, new = (build_tiny_model(tmp_path / f"moe-{seed}", tokenizer, seed=seed, initializer_range=0.5,

@@ -18,7 +18,7 @@ from collections import Counter
 
 import pytest
 
-from rollwire.bus import Beginning, EmbeddedBusSettings, EventProducer, catalog_topics, open_log
+from rollwire.core.bus import Beginning, EmbeddedBusSettings, EventProducer, catalog_topics, open_log
 from rollwire.schemas import Codec, TaskAssigned, Topics
 
 TASKS, GROUP_SIZE = 24, 2

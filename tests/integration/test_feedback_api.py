@@ -13,7 +13,7 @@ import sys
 import httpx
 from builders import listening
 
-from rollwire.bus import HeldDeadLetters, read_to_end
+from rollwire.core.bus import HeldDeadLetters, read_to_end
 from rollwire.schemas import FeedbackReceived, Topics
 
 TOKEN_A, TOKEN_B = "a" * 24, "b" * 24
@@ -84,7 +84,7 @@ def test_feedback_is_on_the_log_when_acknowledged_and_a_resend_stores_nothing(bu
 
 
 def test_tokens_bind_sources_and_bad_requests_get_their_status_and_reason(tmp_path):
-    from rollwire.bus import EmbeddedBusSettings
+    from rollwire.core.bus import EmbeddedBusSettings
     settings = EmbeddedBusSettings(path=tmp_path / "log")
     with feedback_server(settings, "fb") as url, httpx.Client(base_url=url) as http:
         a = {"Authorization": f"Bearer {TOKEN_A}"}
@@ -122,7 +122,7 @@ def test_listening_beyond_loopback_without_tokens_is_refused(tmp_path):
 
 
 def test_an_import_stores_each_line_once_even_when_run_again(tmp_path):
-    from rollwire.bus import EmbeddedBusSettings, open_log
+    from rollwire.core.bus import EmbeddedBusSettings, open_log
     path = tmp_path / "ratings.jsonl"
     lines = [json.dumps({"kind": "rating", "rating": i / 10, "response_id": f"resp-{i}"}) for i in range(7)]
     lines += ["{broken", json.dumps({"kind": "rating", "rating": 3, "response_id": "r"}), ""]

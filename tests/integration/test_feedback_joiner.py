@@ -17,7 +17,7 @@ from collections import Counter
 import pytest
 from builders import served
 
-from rollwire.bus import Beginning, EventProducer, catalog_topics
+from rollwire.core.bus import Beginning, EventProducer, catalog_topics
 from rollwire.schemas import Codec, FeedbackReceived, RolloutsDropped, ScoredRollout, Topics
 
 
@@ -53,7 +53,7 @@ def test_a_killed_joiner_restarts_and_turns_every_rating_into_one_sample(bus_set
 @pytest.mark.slow
 @pytest.mark.kafka
 def test_the_faust_joiner_killed_and_restarted_turns_every_rating_into_one_sample(kafka_bootstrap, tmp_path):
-    from rollwire.bus import KafkaBusSettings, open_log
+    from rollwire.core.bus import KafkaBusSettings, open_log
     settings = KafkaBusSettings(bootstrap_servers=kafka_bootstrap)
     with open_log(settings) as log:
         killed_and_restarted(settings, log, tmp_path, "faust")

@@ -8,15 +8,15 @@ import sys
 import pytest
 from builders import record_scored_run
 
-from rollwire.bus import EventProducer
-from rollwire.errors import ConfigError
+from rollwire.core.bus import EventProducer
+from rollwire.core.errors import ConfigError
 from rollwire.run.inspect import render_rollout, render_step, rollout_story, step_story
 from rollwire.schemas import ReplicaStatus, RolloutsDropped, TrainStepCompleted
 from rollwire.schemas.training import Staleness
 
 
 def recorded_with_a_step(log, topics) -> None:
-    from rollwire.bus import catalog_topics
+    from rollwire.core.bus import catalog_topics
     log.create_topics(catalog_topics(topics))
     fleet = EventProducer(log.producer(), topics, name="replica")
     for replica, version in (("replica-0", 0), ("replica-1", 0), ("replica-2", None)):
@@ -64,7 +64,7 @@ def test_a_step_s_story_counts_environments_and_reports_who_loaded_it(log, topic
 
 
 def test_the_command_decodes_with_a_tokenizer_and_names_what_is_missing(tmp_path):
-    from rollwire.bus import EmbeddedBusSettings, open_log
+    from rollwire.core.bus import EmbeddedBusSettings, open_log
     from rollwire.schemas import Topics
     from rollwire.trainer.tiny import build_char_tokenizer
     tokenizer_dir = tmp_path / "tokenizer"

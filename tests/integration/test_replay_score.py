@@ -10,8 +10,8 @@ import sys
 import pytest
 from builders import record_scored_run
 
-from rollwire.bus import Beginning, EventProducer, TopicError
-from rollwire.errors import ConfigError
+from rollwire.core.bus import Beginning, EventProducer, TopicError
+from rollwire.core.errors import ConfigError
 from rollwire.schemas import Codec, Topics
 from rollwire.streams import replay
 from rollwire.streams.scoring import GroupScorer, ScorerSettings
@@ -116,7 +116,7 @@ def test_bad_targets_are_refused_before_anything_is_written(log, topics):
 
 
 def test_the_command_prints_and_writes_the_report(tmp_path):
-    from rollwire.bus import EmbeddedBusSettings, open_log
+    from rollwire.core.bus import EmbeddedBusSettings, open_log
     from rollwire.run.recipe import RunRecipe
     run_dir = tmp_path / "run"
     recipe = RunRecipe(name="rec", run_dir=run_dir, environments=[{"name": "reverse-digits"}],
@@ -158,7 +158,7 @@ def test_a_range_takes_whole_groups_by_trainer_step_or_record_time(log, topics):
                               span=Range(since_ms=0, until_ms=2**62))
     assert every.unchanged and every.identical == scored
     # By offset: the groups whose first rollout is the first record of its partition.
-    from rollwire.bus.partitioner import partition_for
+    from rollwire.core.bus.partitioner import partition_for
     partitions = len(log.end_offsets(topics.rollouts))
     firsts = {}
     for i in range(10):  # record_scored_run publishes rollout 2 of g0..g9 first, in that order

@@ -18,8 +18,8 @@ from collections import Counter, defaultdict
 import pytest
 from builders import group_of
 
-from rollwire.bus import Beginning, EmbeddedBusSettings, EventProducer, catalog_topics, open_log
-from rollwire.bus.partitioner import partition_for
+from rollwire.core.bus import Beginning, EmbeddedBusSettings, EventProducer, catalog_topics, open_log
+from rollwire.core.bus.partitioner import partition_for
 from rollwire.schemas import Codec, Topics
 
 GROUPS = 12

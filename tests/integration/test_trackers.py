@@ -1,4 +1,4 @@
-"""Each trainer step's metrics in TensorBoard and in a real MLflow server (`rollwire.trackers`)."""
+"""Each trainer step's metrics in TensorBoard and in a real MLflow server (`rollwire.core.trackers`)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import time
 
 import pytest
 
+from rollwire.core.telemetry import TelemetrySettings
+from rollwire.core.trackers import MLflowSettings, TensorBoardSettings, Trackers, open_trackers, scalars, step_metrics
 from rollwire.schemas.training import Staleness, TrainStepCompleted
-from rollwire.telemetry import TelemetrySettings
-from rollwire.trackers import MLflowSettings, TensorBoardSettings, Trackers, open_trackers, scalars, step_metrics
 
 
 def step(n: int) -> TrainStepCompleted:

@@ -18,7 +18,7 @@ import httpx
 import pytest
 from user_runs import finish, metrics_rows, short_recipe, start_run
 
-from rollwire.bus import Beginning, EmbeddedBusSettings, KafkaBusSettings, open_log
+from rollwire.core.bus import Beginning, EmbeddedBusSettings, KafkaBusSettings, open_log
 from rollwire.schemas import Codec, Topics
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -204,7 +204,7 @@ def test_no_secret_reaches_any_output_of_the_run(feedback_run):
     assert leaks == []
     assert records > 500 and searched > 1_000_000  # the search read a whole run
     if feedback_run["s3"]:  # the weights went to the S3 store, with the keys from the environment
-        from rollwire.objectstore import S3Store
+        from rollwire.core.objectstore import S3Store
         keys = feedback_run["secrets"]
         store = S3Store(feedback_run["s3"], feedback_run["name"], access_key=keys["AWS_ACCESS_KEY_ID"],
                         secret_key=keys["AWS_SECRET_ACCESS_KEY"], secure=False, region="us-east-1")

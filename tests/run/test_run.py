@@ -100,7 +100,7 @@ def test_ctrl_c_stops_every_component_and_the_same_command_resumes(interrupted_r
 
 
 def test_calls_are_routed_over_both_replicas_and_both_end_on_the_newest_version(interrupted_run):
-    from rollwire.bus import Beginning, EmbeddedBusSettings, open_log
+    from rollwire.core.bus import Beginning, EmbeddedBusSettings, open_log
     from rollwire.schemas import Codec
     spans = _spans(interrupted_run["run_dir"])
     calls = [s for s in spans if s["name"] == "inference generate"]
@@ -128,7 +128,7 @@ def test_calls_are_routed_over_both_replicas_and_both_end_on_the_newest_version(
 
 
 def test_both_replicas_served_each_version_of_the_tied_qwen3_with_its_own_weights(interrupted_run):
-    from rollwire.bus import EmbeddedBusSettings, open_log
+    from rollwire.core.bus import EmbeddedBusSettings, open_log
     with open_log(EmbeddedBusSettings(path=interrupted_run["run_dir"] / "log")) as log:
         gaps = served_logprob_gaps(log, "short.rollouts", interrupted_run["run_dir"] / "weights")
     assert len(gaps) >= 5 and max(gaps.values()) < 1e-3, gaps
@@ -141,7 +141,7 @@ def test_the_trainer_ran_as_two_torchrun_ranks(interrupted_run):
 
 
 def test_every_rollout_is_trained_at_most_once_across_the_interruption(interrupted_run):
-    from rollwire.bus import Beginning, EmbeddedBusSettings, open_log
+    from rollwire.core.bus import Beginning, EmbeddedBusSettings, open_log
     from rollwire.schemas import Codec
     trained = []
     with open_log(EmbeddedBusSettings(path=interrupted_run["run_dir"] / "log")) as log, \
@@ -154,7 +154,7 @@ def test_every_rollout_is_trained_at_most_once_across_the_interruption(interrupt
 def test_metrics_say_lag_staleness_reloads_and_in_flight_and_tensorboard_has_every_step(interrupted_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from rollwire.metrics import GROUP, TOPIC, read_points
+    from rollwire.core.metrics import GROUP, TOPIC, read_points
     run_dir = interrupted_run["run_dir"]
     otel = run_dir / "metrics-otel.jsonl"
     lag = read_points(otel, "rollwire.consumer.lag")
@@ -234,7 +234,7 @@ run; `scorer-state` is read when the scorer starts)."""
 
 @pytest.mark.kafka
 def test_the_same_recipe_runs_on_kafka_trains_a_tied_model_and_shrugs_off_garbage_on_every_topic(tmp_path, kafka_bootstrap):
-    from rollwire.bus import Beginning, KafkaBusSettings, open_log
+    from rollwire.core.bus import Beginning, KafkaBusSettings, open_log
     from rollwire.schemas import Codec
     name = f"kafkarun{int(time.time() * 1000) % 10**8}"
     metrics = tmp_path / name / "metrics.jsonl"

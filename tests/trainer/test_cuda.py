@@ -35,6 +35,6 @@ def test_a_bf16_step_on_cuda_changes_the_weights_and_stays_finite(tiny_policy):
 def test_asking_for_cuda_without_it_names_the_fix():
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    from rollwire.errors import ConfigError
+    from rollwire.core.errors import ConfigError
     with pytest.raises(ConfigError, match="use 'auto' or 'cpu'"):
         resolve_device(ModelSettings(path="x", device="cuda"))

@@ -17,7 +17,7 @@ import torch
 from builders import trainable as scored
 from safetensors.torch import load_file
 
-from rollwire.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
+from rollwire.core.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
 from rollwire.schemas import Codec, Topics
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

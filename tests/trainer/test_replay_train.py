@@ -11,9 +11,9 @@ import sys
 import pytest
 from builders import trainable
 
-from rollwire.bus import EventProducer, catalog_topics
-from rollwire.errors import ConfigError
-from rollwire.objectstore import LocalStore
+from rollwire.core.bus import EventProducer, catalog_topics
+from rollwire.core.errors import ConfigError
+from rollwire.core.objectstore import LocalStore
 from rollwire.schemas import Topics, TrainStepCompleted
 from rollwire.trainer import replay
 from rollwire.trainer.loop import Trainer, TrainerSettings
@@ -120,8 +120,8 @@ def test_targets_that_would_touch_the_run_and_missing_checkpoints_are_refused(lo
 
 
 def test_the_command_retrains_a_run_directory_and_writes_the_report(tmp_path, tiny_policy):
-    from rollwire.bus import EmbeddedBusSettings, open_log
-    from rollwire.objectstore import open_store
+    from rollwire.core.bus import EmbeddedBusSettings, open_log
+    from rollwire.core.objectstore import open_store
     from rollwire.run.recipe import RunRecipe
     run_dir = tmp_path / "run"
     recipe = RunRecipe(name="rec", run_dir=run_dir, environments=[{"name": "reverse-digits"}],

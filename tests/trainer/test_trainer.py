@@ -13,8 +13,8 @@ import torch
 from builders import production
 from builders import trainable as scored
 
-from rollwire.bus import AtOffsets, EmbeddedBusSettings, EventProducer, catalog_topics, open_log
-from rollwire.objectstore import LocalStore
+from rollwire.core.bus import AtOffsets, EmbeddedBusSettings, EventProducer, catalog_topics, open_log
+from rollwire.core.objectstore import LocalStore
 from rollwire.schemas import Codec, DeadLetter, RolloutsDropped, Topics, TrainStepCompleted, WeightsPublished
 from rollwire.trainer import checkpoint, losses
 from rollwire.trainer.loop import Trainer, TrainerSettings
@@ -135,7 +135,7 @@ def test_stale_bad_and_duplicate_rollouts_are_accounted_and_training_goes_on(wor
 
     assert third.drops == {"stale": 2} and third.rollout_ids == [f"r{300 + i}" for i in range(4)]
     assert set(third.loss_metrics) == {"clip_fraction", "ratio_mean"} and 0 <= third.loss_metrics["clip_fraction"] <= 1
-    from rollwire.trackers import step_metrics
+    from rollwire.core.trackers import step_metrics
     assert step_metrics(third, 0)["loss/ratio_mean"] == third.loss_metrics["ratio_mean"]
     assert third.staleness.max == 0
     drops = [e for e in events(log, topics.drops) if isinstance(e, RolloutsDropped)]
@@ -266,9 +266,9 @@ def test_the_cpu_path_is_deterministic(tiny_policy):
 def test_the_store_keeps_what_retention_and_the_fleet_need_and_a_pruned_version_is_refused(world, tmp_path,
                                                                                            tiny_policy):
     from rollwire.consumers.weight_subscriber import WeightSubscriber, WeightSubscriberSettings
+    from rollwire.core.weight_versions import CheckpointMissingError, stored_version, stored_versions
     from rollwire.producers.releases import promote
     from rollwire.schemas import ReplicaStatus
-    from rollwire.weight_versions import CheckpointMissingError, stored_version, stored_versions
     log, topics, store = world
     fleet = EventProducer(log.producer(), topics, name="replica")
     fleet.send(topics.fleet, ReplicaStatus(replica_id="r0", state="serving", serving_version=2, url="http://r0"),

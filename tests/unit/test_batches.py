@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from builders import production, trainable
 
-from rollwire.bus import AtOffsets, EmbeddedBusSettings, EventProducer, catalog_topics, open_log
+from rollwire.core.bus import AtOffsets, EmbeddedBusSettings, EventProducer, catalog_topics, open_log
 from rollwire.schemas import Topics
 from rollwire.schemas.base import now_ms
 from rollwire.trainer.batches import BatchConsumer

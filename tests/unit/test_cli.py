@@ -8,8 +8,8 @@ import sys
 
 from builders import rollout
 
-from rollwire.bus import EventProducer, catalog_topics
-from rollwire.bus.embedded import EmbeddedLog
+from rollwire.core.bus import EventProducer, catalog_topics
+from rollwire.core.bus.embedded import EmbeddedLog
 from rollwire.schemas import Topics
 
 

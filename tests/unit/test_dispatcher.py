@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rollwire.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
+from rollwire.core.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
 from rollwire.producers.dispatcher import Dispatcher, EnvironmentMix, may_issue
 from rollwire.producers.tasksets import load_taskset
 from rollwire.schemas import Codec, RolloutsDropped, TaskAssigned, Topics, TrainStepCompleted
@@ -113,7 +113,7 @@ def test_a_step_seen_before_its_weights_event_already_holds_the_next_batch_back(
 def test_dead_lettered_rollouts_and_tasks_are_counted_back_once(tmp_path):
     """A refused rollout is never trained or dropped: without counting it back the budget shrinks
     for good, and a run whose rollouts are all refused stands still."""
-    from rollwire.bus import DeadLetters, Record
+    from rollwire.core.bus import DeadLetters, Record
     log, topics, dispatcher, others = one_environment(tmp_path, "dl", max_off_policy=0, batch_rollouts=8)
     assert dispatcher.step() == 2 and dispatcher.in_flight == 8
     letters = DeadLetters(others, "scorer")

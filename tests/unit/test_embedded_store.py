@@ -4,9 +4,9 @@ tombstones after their retention: a long run's changelog stays bounded."""
 
 from __future__ import annotations
 
-from rollwire.bus import Beginning, embedded_store
-from rollwire.bus.base import TopicConfig
-from rollwire.bus.embedded import EmbeddedLog
+from rollwire.core.bus import Beginning, embedded_store
+from rollwire.core.bus.base import TopicConfig
+from rollwire.core.bus.embedded import EmbeddedLog
 
 
 def rows(log: EmbeddedLog, topic: str) -> list[tuple[int, bytes, bytes | None]]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import threading
 import time
 
-from rollwire.bus import TopicConfig
-from rollwire.bus.embedded import EmbeddedLog
-from rollwire.bus.embedded_wakeup import TopicWatch
+from rollwire.core.bus import TopicConfig
+from rollwire.core.bus.embedded import EmbeddedLog
+from rollwire.core.bus.embedded_wakeup import TopicWatch
 
 
 def append_later(log: EmbeddedLog, topic: str, delay_s: float) -> threading.Thread:
@@ -41,7 +41,7 @@ def test_an_append_to_a_watched_topic_wakes_the_waiter_and_others_do_not(tmp_pat
 
 
 def test_without_inotify_the_waiter_falls_back_to_short_sleeps(tmp_path, monkeypatch):
-    monkeypatch.setattr("rollwire.bus.embedded_wakeup._inotify", lambda folder: None)
+    monkeypatch.setattr("rollwire.core.bus.embedded_wakeup._inotify", lambda folder: None)
     watch = TopicWatch(tmp_path, ["mine"])
     assert not watch.event_driven
     started = time.monotonic()

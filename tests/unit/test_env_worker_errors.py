@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import sys
 
-from rollwire.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
 from rollwire.consumers.vllm_control import VllmControl
+from rollwire.core.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
 from rollwire.producers.env_worker import EnvWorker
 from rollwire.producers.harnesses import script_harness
 from rollwire.producers.interception_server import InterceptionServer

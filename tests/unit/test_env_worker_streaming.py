@@ -10,9 +10,9 @@ import time
 
 from builders import big_trace
 
-from rollwire import trace_blobs
-from rollwire.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
-from rollwire.objectstore import LocalStore
+from rollwire.core import trace_blobs
+from rollwire.core.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
+from rollwire.core.objectstore import LocalStore
 from rollwire.producers.env_worker import EnvWorker, EnvWorkerSettings
 from rollwire.producers.tasksets import load_taskset
 from rollwire.schemas import Codec, TaskAssigned, Topics

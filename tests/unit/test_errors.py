@@ -1,4 +1,4 @@
-"""The error tree drawn in `rollwire.errors` is the real one: every exception class rollwire defines
+"""The error tree drawn in `rollwire.core.errors` is the real one: every exception class rollwire defines
 descends from `RollwireError` and appears in the drawing under its parent."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import importlib
 import pkgutil
 import re
 
-from rollwire.errors import RollwireError
+from rollwire.core.errors import RollwireError
 
 
 def _all_subclasses(cls):

@@ -9,8 +9,8 @@ import asyncio
 
 from builders import group_of, tick
 
-from rollwire.bus import KafkaBusSettings
-from rollwire.bus.partitioner import partition_for
+from rollwire.core.bus import KafkaBusSettings
+from rollwire.core.bus.partitioner import partition_for
 from rollwire.schemas import Codec, DeadLetter, RolloutsDropped, ScoredRollout, Topics
 from rollwire.streams.faust_app import FaustWorkerSettings, build_app
 from rollwire.streams.scoring import ScorerSettings
@@ -96,7 +96,7 @@ def test_past_max_open_groups_the_oldest_open_group_is_dropped_as_overflow():
 
 
 def test_the_embedded_driver_drops_the_same_group_as_overflow(tmp_path):
-    from rollwire.bus import EmbeddedBusSettings, catalog_topics, open_log
+    from rollwire.core.bus import EmbeddedBusSettings, catalog_topics, open_log
     from rollwire.streams.embedded_scorer import EmbeddedScorer
     from rollwire.streams.scoring import GroupScorer
     topics = Topics("unit")

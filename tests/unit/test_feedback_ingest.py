@@ -9,9 +9,9 @@ import threading
 
 import pytest
 
-from rollwire.bus.errors import DeliveryError
-from rollwire.errors import ConfigError
-from rollwire.http_service import Refused, load_tokens
+from rollwire.core.bus.errors import DeliveryError
+from rollwire.core.errors import ConfigError
+from rollwire.core.http_service import Refused, load_tokens
 from rollwire.producers.feedback_api import FeedbackApiSettings, Ingest, to_event
 from rollwire.schemas import Topics
 

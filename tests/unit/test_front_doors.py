@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from rollwire.bus import EmbeddedBusSettings, HeldDeadLetters, read_to_end
+from rollwire.core.bus import EmbeddedBusSettings, HeldDeadLetters, read_to_end
 from rollwire.run.roles import ROLES
 from rollwire.schemas import Topics
 
@@ -63,7 +63,7 @@ def test_a_scorer_started_by_hand_scores_in_the_runs_consumer_group(tmp_path):
 
     from builders import group_of
 
-    from rollwire.bus import EventProducer, catalog_topics, open_log
+    from rollwire.core.bus import EventProducer, catalog_topics, open_log
     from rollwire.run.recipe import RunRecipe
 
     recipe = RunRecipe.model_validate({"name": "hand", "run_dir": str(tmp_path / "run"),

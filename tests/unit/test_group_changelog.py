@@ -127,7 +127,7 @@ def test_rollout_records_of_a_closed_group_are_ignored_and_removed_when_it_is_fo
 
 
 def test_a_changelog_record_that_does_not_decode_is_dead_lettered_and_the_rest_restored(tmp_path):
-    from rollwire.bus import Beginning, EmbeddedBusSettings, EventProducer, catalog_topics, open_log
+    from rollwire.core.bus import Beginning, EmbeddedBusSettings, EventProducer, catalog_topics, open_log
     from rollwire.schemas import Topics
     from rollwire.streams.embedded_scorer import EmbeddedScorer
     log, topics = open_log(EmbeddedBusSettings(path=tmp_path / "log")), Topics("cl")

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from rollwire.bus import BusError
-from rollwire.bus.kafka import _high_watermark
+from rollwire.core.bus import BusError
+from rollwire.core.bus.kafka import _high_watermark
 
 
 class Restarting:
@@ -32,11 +32,11 @@ def test_a_partition_lost_for_a_moment_after_a_restart_is_asked_again():
 
 
 def test_end_offsets_turn_what_stays_wrong_into_a_bus_error(monkeypatch):
-    from rollwire.bus.kafka import KafkaLog
+    from rollwire.core.bus.kafka import KafkaLog
     log = KafkaLog.__new__(KafkaLog)  # no broker: only end_offsets' own path runs
     log._outage_s, log._refused = 1.0, None
     monkeypatch.setattr(KafkaLog, "_metadata_consumer", lambda self: Restarting(lost=10**9))
-    monkeypatch.setattr("rollwire.bus.kafka._topic_exists", lambda *args: 1)
-    monkeypatch.setattr("rollwire.bus.kafka._high_watermark", lambda consumer, tp: consumer.get_watermark_offsets(tp, 1)[1])
+    monkeypatch.setattr("rollwire.core.bus.kafka._topic_exists", lambda *args: 1)
+    monkeypatch.setattr("rollwire.core.bus.kafka._high_watermark", lambda consumer, tp: consumer.get_watermark_offsets(tp, 1)[1])
     with pytest.raises(BusError, match="end offsets of 'rw.scored'.*watermark"):
         log.end_offsets("rw.scored")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import builders as b
 
-from rollwire.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
+from rollwire.core.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
 from rollwire.run.ledger import render_ledger, run_ledger
 from rollwire.schemas.topics import Topics
 

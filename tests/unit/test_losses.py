@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from rollwire.errors import ConfigError
+from rollwire.core.errors import ConfigError
 from rollwire.trainer import losses
 from rollwire.trainer.losses import LossInputs
 

@@ -6,8 +6,8 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from rollwire import metrics
-from rollwire.metrics import JsonLinesMetricExporter, MetricsSettings, data_points, lag, read_points
+from rollwire.core import metrics
+from rollwire.core.metrics import JsonLinesMetricExporter, MetricsSettings, data_points, lag, read_points
 
 
 def test_lag_counts_partitions_without_a_position_from_the_start():
@@ -59,7 +59,7 @@ def test_a_lag_read_that_fails_reports_nothing_and_the_next_one_reports_again(mo
 
 
 def test_file_exporter_settings_need_a_path():
-    from rollwire.errors import ConfigError
+    from rollwire.core.errors import ConfigError
     with pytest.raises(ConfigError, match="file_path"):
         metrics.configure(MetricsSettings(exporter="file"), "test")
 

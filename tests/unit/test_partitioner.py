@@ -6,7 +6,7 @@ import ctypes
 
 import pytest
 
-from rollwire.bus.partitioner import murmur2, partition_for
+from rollwire.core.bus.partitioner import murmur2, partition_for
 
 # Printed by org.apache.kafka.common.utils.Utils.murmur2 (kafka-clients 4.1.1) for these strings.
 JAVA_MURMUR2 = {"21": -973932308, "foobar": -790332482, "abc": 479470107,

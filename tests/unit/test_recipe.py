@@ -11,8 +11,8 @@ import tomllib
 import pytest
 from builders import rollout
 
-from rollwire.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
-from rollwire.errors import ConfigError
+from rollwire.core.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
+from rollwire.core.errors import ConfigError
 from rollwire.run.progress import RunProgress, plot
 from rollwire.run.recipe import load_recipe
 from rollwire.schemas import Topics, TrainStepCompleted

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from rollwire.bus import EmbeddedBusSettings, catalog_topics, open_log
 from rollwire.consumers.weight_subscriber import WeightSubscriber, WeightSubscriberSettings
-from rollwire.errors import ConfigError
-from rollwire.objectstore import LocalStore
+from rollwire.core.bus import EmbeddedBusSettings, catalog_topics, open_log
+from rollwire.core.errors import ConfigError
+from rollwire.core.objectstore import LocalStore
+from rollwire.core.weight_versions import CheckpointMissingError, publish, version_prefix
 from rollwire.producers.releases import ServingPlan, history, promote, rollback
 from rollwire.producers.routing import Member, choose
 from rollwire.schemas import Topics
-from rollwire.weight_versions import CheckpointMissingError, publish, version_prefix
 
 
 class RecordingControl:

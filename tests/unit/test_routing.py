@@ -9,8 +9,8 @@ import random
 import pytest
 from builders import replica
 
-from rollwire.bus import EventProducer, catalog_topics
 from rollwire.consumers.vllm_control import VllmError
+from rollwire.core.bus import EventProducer, catalog_topics
 from rollwire.producers.routing import FleetView, NoReplica, Router
 
 
@@ -133,7 +133,7 @@ def test_membership_follows_status_events_and_silence(fleet):
 
 
 def test_the_route_is_recorded_on_the_callers_span(fleet, spans):
-    from rollwire import telemetry
+    from rollwire.core import telemetry
     serve(fleet, "a", 5)
     router = Router(fleet, wait_s=0)
     route = router.route()

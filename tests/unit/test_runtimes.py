@@ -84,7 +84,7 @@ def test_a_harness_subprocess_gets_none_of_our_credentials(subprocess_runtime, m
 
 
 def test_the_container_runtime_without_a_docker_client_says_what_to_install():
-    from rollwire.errors import ConfigError
+    from rollwire.core.errors import ConfigError
     from rollwire.producers.sandbox import Container, ContainerSettings
     with pytest.raises(ConfigError, match="install Docker, or set \\[env_workers.container\\] docker"):
         Container(ContainerSettings(docker="no-such-docker-client"))

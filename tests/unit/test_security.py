@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rollwire.errors import ConfigError
-from rollwire.objectstore import S3StoreSettings
+from rollwire.core.errors import ConfigError
+from rollwire.core.objectstore import S3StoreSettings
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 PACKAGES = ("rollwire", "schemas", "producers", "streams", "consumers", "trainer", "deploy", "bench", "examples")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rollwire.errors import ConfigError
+from rollwire.core.errors import ConfigError
 from rollwire.producers.environments.math_word import parse_number
 from rollwire.producers.tasksets import RolloutView, Taskset, load_taskset, reward
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from builders import rollout, weights
 
-from rollwire.errors import ConfigError
+from rollwire.core.errors import ConfigError
 from rollwire.schemas import CATALOG, EVENT_TYPES, Topics
 from rollwire.schemas.topics import markdown_table
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from builders import big_trace
 
-from rollwire import trace_blobs
-from rollwire.objectstore import LocalStore
+from rollwire.core import trace_blobs
+from rollwire.core.objectstore import LocalStore
 from rollwire.schemas import Codec
 
 

@@ -4,9 +4,9 @@ touched. (No inference server: none is reached.)"""
 
 from __future__ import annotations
 
-from rollwire.bus import DeadLetters, EmbeddedBusSettings, EventProducer, catalog_topics, open_log, read_to_end
 from rollwire.consumers.weight_subscriber import WeightSubscriber, WeightSubscriberSettings
-from rollwire.objectstore import LocalStore
+from rollwire.core.bus import DeadLetters, EmbeddedBusSettings, EventProducer, catalog_topics, open_log, read_to_end
+from rollwire.core.objectstore import LocalStore
 from rollwire.schemas import DeadLetter, Topics
 from rollwire.schemas.weights import ReplicaStatus
 

@@ -26,8 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from rollwire.errors import ConfigError
-from rollwire.registry import Registry, UnknownNameError, closest
+from rollwire.core.errors import ConfigError
+from rollwire.core.registry import Registry, UnknownNameError, closest
 
 if TYPE_CHECKING:
     import torch

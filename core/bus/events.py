@@ -24,9 +24,9 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from rollwire import telemetry
-from rollwire.bus.base import AtOffsets, Consumer, EventLog, Producer, Record
-from rollwire.errors import ConfigError
+from rollwire.core import telemetry
+from rollwire.core.bus.base import AtOffsets, Consumer, EventLog, Producer, Record
+from rollwire.core.errors import ConfigError
 from rollwire.schemas.base import Event, new_id
 from rollwire.schemas.deadletter import RAW_BYTES_KEPT, DeadLetter
 from rollwire.schemas.envelope import Codec, Envelope
@@ -278,7 +278,7 @@ class Follower:
 
     def __init__(self, log: EventLog, topics: Sequence[str], on_event: Callable[[Event], None], *, name: str,
                  poll_s: float = 0.5) -> None:
-        from rollwire.bus.base import Beginning
+        from rollwire.core.bus.base import Beginning
         self.caught_up = threading.Event()
         self._stop = threading.Event()
         self._reader = log.reader(list(topics), Beginning())

@@ -29,8 +29,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from rollwire.errors import RollwireError
-from rollwire.objectstore import ObjectNotFoundError, ObjectStore
+from rollwire.core.errors import RollwireError
+from rollwire.core.objectstore import ObjectNotFoundError, ObjectStore
 from rollwire.schemas.manifest import MANIFEST_NAME, FileEntry, Manifest, TensorEntry
 from rollwire.schemas.weights import WeightsPublished
 

@@ -49,7 +49,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 from pydantic import BaseModel, ConfigDict, Field
 
-from rollwire.errors import ConfigError
+from rollwire.core.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 

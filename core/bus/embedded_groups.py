@@ -29,8 +29,8 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
-from rollwire.bus.embedded_store import connect
-from rollwire.bus.errors import CommitFailedError
+from rollwire.core.bus.embedded_store import connect
+from rollwire.core.bus.errors import CommitFailedError
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS members (group_id TEXT NOT NULL, member_id TEXT NOT NULL,

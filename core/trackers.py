@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from rollwire.errors import ConfigError
+from rollwire.core.errors import ConfigError
 from rollwire.schemas.training import TrainStepCompleted
 
 if TYPE_CHECKING:
-    from rollwire.telemetry import TelemetrySettings
+    from rollwire.core.telemetry import TelemetrySettings
 
 logger = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from rollwire.bus.base import EventLog, TopicConfig
-from rollwire.errors import ConfigError
+from rollwire.core.bus.base import EventLog, TopicConfig
+from rollwire.core.errors import ConfigError
 from rollwire.schemas.envelope import DEFAULT_MAX_EVENT_BYTES
 from rollwire.schemas.topics import Topics
 
@@ -170,10 +170,10 @@ BusSettings = Annotated[EmbeddedBusSettings | KafkaBusSettings, Field(discrimina
 def open_log(settings: EmbeddedBusSettings | KafkaBusSettings) -> EventLog:
     """Opens the event log the settings describe; the Kafka client is imported only when used."""
     if settings.type == "kafka":
-        from rollwire.bus.kafka import KafkaLog
+        from rollwire.core.bus.kafka import KafkaLog
         return KafkaLog(settings.bootstrap_servers, client_config=settings.client_settings(),
                         replication_factor=settings.replication_factor, outage_s=settings.outage_s)
-    from rollwire.bus.embedded import EmbeddedLog
+    from rollwire.core.bus.embedded import EmbeddedLog
     return EmbeddedLog(settings.path, fsync=settings.fsync)
 
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from rollwire.errors import ConfigError
+from rollwire.core.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 

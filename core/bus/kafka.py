@@ -2,8 +2,8 @@
 
 Producers are idempotent (acks=all, ordered retries without duplicates) and partition keys with
 murmur2 like the Java client and the embedded log. Consumers never auto-commit and read with
-`isolation.level=read_committed`. librdkafka's own log lines go to the `rollwire.bus.kafka`
-logger. Library exceptions are turned into `rollwire.bus.errors` types at this boundary.
+`isolation.level=read_committed`. librdkafka's own log lines go to the `rollwire.core.bus.kafka`
+logger. Library exceptions are turned into `rollwire.core.bus.errors` types at this boundary.
 
 A cluster that goes away for a while (a broker restart, a network cut) is waited for, up to
 `outage_s`: producers keep what they could not send (librdkafka retries it, in order and without
@@ -24,7 +24,7 @@ import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from rollwire.bus.base import (
+from rollwire.core.bus.base import (
     AtOffsets,
     AtTime,
     Beginning,
@@ -37,7 +37,7 @@ from rollwire.bus.base import (
     StartAt,
     TopicConfig,
 )
-from rollwire.bus.errors import BusError, CommitFailedError, DeliveryError, TopicError
+from rollwire.core.bus.errors import BusError, CommitFailedError, DeliveryError, TopicError
 
 logger = logging.getLogger(__name__)
 

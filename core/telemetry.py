@@ -40,17 +40,17 @@ from opentelemetry.trace import Link, SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from pydantic import BaseModel, ConfigDict, Field
 
-from rollwire.errors import ConfigError
-from rollwire.metrics import MetricsSettings
-from rollwire.trackers import MLflowSettings, TensorBoardSettings, TrackerName, TrackioSettings, WandbSettings
+from rollwire.core.errors import ConfigError
+from rollwire.core.metrics import MetricsSettings
+from rollwire.core.trackers import MLflowSettings, TensorBoardSettings, TrackerName, TrackioSettings, WandbSettings
 
 TRACER_NAME = "rollwire"
 _propagator = TraceContextTextMapPropagator()
 
 
 class TelemetrySettings(BaseModel):
-    """Where spans go (`exporter`), where metrics go (`[telemetry.metrics]`, `rollwire.metrics`),
-    and which trackers get each trainer step (`report_to`, `rollwire.trackers`)."""
+    """Where spans go (`exporter`), where metrics go (`[telemetry.metrics]`, `rollwire.core.metrics`),
+    and which trackers get each trainer step (`report_to`, `rollwire.core.trackers`)."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
@@ -64,7 +64,7 @@ class TelemetrySettings(BaseModel):
     service_name: str = "rollwire"
     """`service.name` resource attribute: the component, e.g. `trainer`."""
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
-    """OpenTelemetry metrics: consumer lag, rollouts, staleness, reload time, in-flight (`rollwire.metrics`)."""
+    """OpenTelemetry metrics: consumer lag, rollouts, staleness, reload time, in-flight (`rollwire.core.metrics`)."""
     report_to: list[TrackerName] = Field(default_factory=list)
     """Trackers that get every trainer step's metrics: `tensorboard`, `mlflow`, `wandb`, `trackio`."""
     tensorboard: TensorBoardSettings = Field(default_factory=TensorBoardSettings)

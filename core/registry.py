@@ -29,7 +29,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
-from rollwire.errors import ConfigError
+from rollwire.core.errors import ConfigError
 
 T = TypeVar("T")
 

@@ -5,7 +5,7 @@
 
 Keys are `/`-separated relative paths. Writes go to a temporary name and are renamed (local) or
 are single PUTs (S3), so a reader never sees half an object; that a *set* of objects is complete
-is what checkpoint manifests are for (`rollwire.weight_versions`).
+is what checkpoint manifests are for (`rollwire.core.weight_versions`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rollwire.errors import ConfigError, RollwireError
+from rollwire.core.errors import ConfigError, RollwireError
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from rollwire.bus.base import (
+from rollwire.core.bus.base import (
     AtOffsets,
     AtTime,
     Beginning,
@@ -30,11 +30,11 @@ from rollwire.bus.base import (
     StartAt,
     TopicConfig,
 )
-from rollwire.bus.embedded_groups import GroupMember, committed_offsets
-from rollwire.bus.embedded_store import Append, TopicFile, topic_names
-from rollwire.bus.embedded_wakeup import TopicWatch
-from rollwire.bus.errors import BusError, DeliveryError, TopicError
-from rollwire.bus.partitioner import partition_for
+from rollwire.core.bus.embedded_groups import GroupMember, committed_offsets
+from rollwire.core.bus.embedded_store import Append, TopicFile, topic_names
+from rollwire.core.bus.embedded_wakeup import TopicWatch
+from rollwire.core.bus.errors import BusError, DeliveryError, TopicError
+from rollwire.core.bus.partitioner import partition_for
 
 logger = logging.getLogger(__name__)
 

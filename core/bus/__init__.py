@@ -1,7 +1,7 @@
 """The event log: one interface (`base`), two backends (`embedded`, `kafka`), and the typed event
 layer every component uses (`events`)."""
 
-from rollwire.bus.base import (
+from rollwire.core.bus.base import (
     AtOffsets,
     AtTime,
     Beginning,
@@ -12,8 +12,8 @@ from rollwire.bus.base import (
     StartAt,
     TopicConfig,
 )
-from rollwire.bus.errors import BusError, CommitFailedError, DeliveryError, TopicError
-from rollwire.bus.events import (
+from rollwire.core.bus.errors import BusError, CommitFailedError, DeliveryError, TopicError
+from rollwire.core.bus.events import (
     DeadLetters,
     Delivery,
     EventConsumer,
@@ -23,7 +23,7 @@ from rollwire.bus.events import (
     read_to_end,
     records_to_end,
 )
-from rollwire.bus.settings import (
+from rollwire.core.bus.settings import (
     BusSettings,
     EmbeddedBusSettings,
     KafkaBusSettings,

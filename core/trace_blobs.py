@@ -15,7 +15,7 @@ import hashlib
 import msgpack
 from pydantic import TypeAdapter
 
-from rollwire.objectstore import ObjectStore, ObjectStoreError
+from rollwire.core.objectstore import ObjectStore, ObjectStoreError
 from rollwire.schemas.base import BlobPointer
 from rollwire.schemas.rollout import TraceNode, TraceRecorded
 

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import msgpack
 
-from rollwire.bus.base import Record, TopicConfig
-from rollwire.bus.embedded_wakeup import Doorbell
-from rollwire.bus.errors import TopicError
+from rollwire.core.bus.base import Record, TopicConfig
+from rollwire.core.bus.embedded_wakeup import Doorbell
+from rollwire.core.bus.errors import TopicError
 
 _TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 

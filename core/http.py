@@ -20,7 +20,7 @@ from typing import Any
 
 import urllib3
 
-from rollwire.errors import RollwireError
+from rollwire.core.errors import RollwireError
 
 
 class HttpError(RollwireError):

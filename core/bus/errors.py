@@ -1,6 +1,6 @@
 """Errors of the event log. Both backends raise these, never their library's own types."""
 
-from rollwire.errors import RollwireError
+from rollwire.core.errors import RollwireError
 
 
 class BusError(RollwireError):

@@ -2,7 +2,7 @@
 
     RollwireError
     ├── ConfigError            a setting that cannot work; the message names the setting
-    │   └── UnknownNameError   rollwire.registry — a variant name no registry knows (valid ones listed)
+    │   └── UnknownNameError   rollwire.core.registry — a variant name no registry knows (valid ones listed)
     │       └── UnknownAlgorithmError   rollwire.streams.advantages
     ├── SchemaError            rollwire.schemas.errors — bytes or fields that are not a valid event
     │   ├── CorruptEventError
@@ -10,18 +10,18 @@
     │   ├── SchemaVersionTooNewError
     │   ├── InvalidEventError
     │   └── EventTooLargeError
-    ├── BusError               rollwire.bus.errors — the event log refused or failed an operation
+    ├── BusError               rollwire.core.bus.errors — the event log refused or failed an operation
     │   ├── TopicError
     │   ├── DeliveryError
     │   └── CommitFailedError
-    ├── ObjectStoreError       rollwire.objectstore — an object could not be read or written
+    ├── ObjectStoreError       rollwire.core.objectstore — an object could not be read or written
     │   ├── ObjectNotFoundError
-    │   └── TraceBlobError     rollwire.trace_blobs — a trace's stored graph is missing or altered
-    ├── CheckpointError        rollwire.weight_versions — a published weight version cannot be used
+    │   └── TraceBlobError     rollwire.core.trace_blobs — a trace's stored graph is missing or altered
+    ├── CheckpointError        rollwire.core.weight_versions — a published weight version cannot be used
     │   ├── CheckpointMissingError
     │   ├── CorruptCheckpointError
     │   └── IncompatibleCheckpointError
-    ├── HttpError              rollwire.http — a JSON service failed or refused a request
+    ├── HttpError              rollwire.core.http — a JSON service failed or refused a request
     ├── VllmError              rollwire.consumers.vllm_control — the vLLM server refused a request
     │   └── NoReplica          rollwire.producers.routing — no replica serves a version the rollout may use
     ├── VllmServerError        rollwire.consumers.vllm_server — the server could not start, or died
