@@ -169,6 +169,27 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     for marker, by_outcome in counts.items():
         parts = ", ".join(f"{n} {o}" for o, n in sorted(by_outcome.items()))
         terminalreporter.write_line(f"{marker} tests against a real service: {parts}")
+    _tier_times(terminalreporter)
+
+
+def _tier_times(terminalreporter) -> None:
+    """Seconds spent in each tier (tests/<tier>/: setup, call and teardown of its tests; a session
+    service is counted where the first test that needs it starts it), so CI's output says where
+    its time went."""
+    seconds: dict[str, float] = {}
+    tests: dict[str, set[str]] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            nodeid = getattr(report, "nodeid", "")
+            if not nodeid.startswith("tests/") or not hasattr(report, "duration"):
+                continue
+            tier = nodeid.split("/")[1] if nodeid.count("/") > 1 else "tests"
+            seconds[tier] = seconds.get(tier, 0.0) + report.duration
+            tests.setdefault(tier, set()).add(nodeid)
+    if seconds:
+        rows = ", ".join(f"{tier} {s / 60:.1f} min ({len(tests[tier])})" for tier, s in
+                         sorted(seconds.items(), key=lambda item: -item[1]))
+        terminalreporter.write_line(f"time by tier (minutes, tests): {rows}; in all {sum(seconds.values()) / 60:.1f} min")
 
 
 @pytest.fixture

@@ -53,6 +53,11 @@ interval_s = 1
 """
 
 
+DEMO_STEPS = 60
+"""The session's shared demo run (`tests/run/conftest.py`): long enough to show learning, and to
+hold the steps and versions the README's commands name (25, 50 and the last ten)."""
+
+
 TIED_QWEN2 = 'architecture = "qwen2"\ntokenizer = "bpe"\ntie_embeddings = true'
 """`[model.tiny]` lines for the shape of Qwen2.5: BPE tokenizer, tied output layer."""
 TIED_QWEN3 = 'architecture = "qwen3"\ntokenizer = "bpe"\ntie_embeddings = true'

@@ -37,7 +37,7 @@ examples:
   rollwire score --bus kafka --config scorer.toml   a faust worker of the group scorer
   rollwire inference --model runs/demo/base --port 8000   a vLLM replica following the weights topic
   rollwire replay score --run-dir runs/demo --into demo-rloo --algorithm rloo   what RLOO would have trained
-  rollwire inspect rollout g7-0 --run-dir runs/demo   one rollout's story: text, versions, reward, fate
+  rollwire inspect rollout ID --run-dir runs/demo   one rollout's story (ids: rollwire tail scored --json)
   rollwire serve --upstream http://127.0.0.1:8000   an OpenAI-compatible gateway whose responses carry receipts
   rollwire feedback serve --log-dir runs/demo/log --prefix demo   the feedback ingestion API on :8340
   rollwire join --log-dir runs/demo/log --prefix demo   feedback joined with served responses into samples

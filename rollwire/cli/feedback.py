@@ -11,10 +11,17 @@ from rollwire.cli.options import (
     add_bus_options,
     add_command_group,
     add_processor_options,
+    add_settings_flags,
     add_step,
     bus_settings,
     processor_driver,
+    settings_flags,
+    validated,
 )
+
+GATEWAY_FLAGS = ["upstream", "fleet", "policy", "model", "host", "port", "tokens_file", "record_fraction", "max_tokens",
+                 "max_body_bytes"]
+INGEST_FLAGS = ["host", "port", "tokens_file", "max_body_bytes", "max_batch_items", "max_pending", "ack_timeout_s"]
 
 ITEM_HELP = """\
 an item (JSON), the fields of `feedback.received` less those the server sets:
@@ -44,37 +51,17 @@ def add_serve(sub) -> None:
                "  client = OpenAI(base_url=\"http://127.0.0.1:8350/v1\", api_key=TOKEN)\n"
                "  reply = client.chat.completions.with_raw_response.create(model=\"policy\", messages=[...])\n"
                "  receipt = reply.headers[\"x-rollwire-response-id\"]   # post feedback on it later")
-    serve.add_argument("--upstream", default="http://127.0.0.1:8000", help="the vLLM server (default %(default)s)")
-    serve.add_argument("--fleet", action="store_true",
-                       help="serve from every replica on the fleet topic instead of --upstream, by the serving "
-                            "decisions: `rollwire promote V --canary 0.1` sends 10%% of requests to V")
-    serve.add_argument("--policy", default="policy", help="policy whose serving decisions --fleet follows "
-                       "(default %(default)s)")
-    serve.add_argument("--model", default="policy", help="the model name served (default %(default)s)")
-    serve.add_argument("--host", default="127.0.0.1", help="address (default %(default)s; others need tokens)")
-    serve.add_argument("--port", type=int, default=8350, help="port (default %(default)s; 0: any free one)")
-    serve.add_argument("--tokens", type=Path, metavar="FILE", help="bearer tokens, `SOURCE TOKEN` a line "
-                       "(also $ROLLWIRE_SERVE_TOKENS)")
-    serve.add_argument("--record-fraction", type=float, default=1.0, metavar="F",
-                       help="share of responses recorded on `served` (default %(default)s)")
-    serve.add_argument("--max-tokens", type=int, default=256, help="default and most max_tokens (default %(default)s)")
+    from rollwire.producers.gateway import GatewaySettings
+    add_settings_flags(serve.add_argument_group("gateway (settings of rollwire.producers.gateway.GatewaySettings)"),
+                       GatewaySettings, GATEWAY_FLAGS)
     add_bus_options(serve)
     serve.set_defaults(run=cmd_gateway)
 
 
 def cmd_gateway(args: argparse.Namespace) -> int:
-    from pydantic import ValidationError
-
     from rollwire.producers.gateway import GatewaySettings, serve
-    try:
-        settings = GatewaySettings(upstream=args.upstream, fleet=args.fleet, policy=args.policy, model=args.model,
-                                   host=args.host, port=args.port,
-                                   tokens_file=args.tokens, record_fraction=args.record_fraction,
-                                   max_tokens=args.max_tokens)
-    except ValidationError as exc:
-        raise SystemExit("rollwire serve: " + "; ".join(f"--{'-'.join(map(str, e['loc'])).replace('_', '-')}: {e['msg']}"
-                                                        for e in exc.errors())) from None
-    return _serve_on_log(args, serve, settings, f"serving {args.model} on http://{args.host}:{{port}}/v1")
+    settings = validated(GatewaySettings, settings_flags(args, GATEWAY_FLAGS), "gateway", "serve")
+    return _serve_on_log(args, serve, settings, f"serving {settings.model} on http://{settings.host}:{{port}}/v1")
 
 
 def _serve_on_log(args: argparse.Namespace, serve, settings, banner: str) -> int:
@@ -119,7 +106,7 @@ def add_join(sub) -> None:
 
 
 def cmd_join(args: argparse.Namespace) -> int:
-    from rollwire.cli.options import config_table, validated
+    from rollwire.cli.options import config_table
     from rollwire.core.bus import catalog_topics, open_log
     from rollwire.schemas.topics import Topics
     from rollwire.streams.entry import serve_joiner
@@ -156,9 +143,9 @@ def add_feedback(sub) -> None:
                "       -d '{\"feedback_id\": \"fb-1\", \"kind\": \"rating\", \"rating\": 1, \"response_id\": \"resp-7\"}'\n\n"
                "tokens file: one `SOURCE TOKEN` pair a line; a token writes feedback of its source only.\n"
                "Without tokens the server listens on loopback only, and items name their source.")
-    serve.add_argument("--host", default="127.0.0.1", help="address (default %(default)s; others need tokens)")
-    serve.add_argument("--port", type=int, default=8340, help="port (default %(default)s; 0: any free one)")
-    serve.add_argument("--tokens", type=Path, metavar="FILE", help="bearer tokens, `SOURCE TOKEN` a line")
+    from rollwire.producers.feedback_api import FeedbackApiSettings
+    add_settings_flags(serve.add_argument_group("ingestion (settings of rollwire.producers.feedback_api.FeedbackApiSettings)"),
+                       FeedbackApiSettings, INGEST_FLAGS)
     add_bus_options(serve)
     serve.set_defaults(run=cmd_serve)
 
@@ -177,8 +164,8 @@ def add_feedback(sub) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from rollwire.producers.feedback_api import FeedbackApiSettings, serve
-    settings = FeedbackApiSettings(host=args.host, port=args.port, tokens_file=args.tokens)
-    return _serve_on_log(args, serve, settings, f"feedback API on http://{args.host}:{{port}}")
+    settings = validated(FeedbackApiSettings, settings_flags(args, INGEST_FLAGS), "ingest", "feedback serve")
+    return _serve_on_log(args, serve, settings, f"feedback API on http://{settings.host}:{{port}}")
 
 
 def cmd_import(args: argparse.Namespace) -> int:

@@ -135,20 +135,22 @@ def _flag_type(annotation):
 def add_settings_flags(parser, model, fields: list[str], *, overrides: bool = False) -> None:
     """One flag per field of the settings `model`, named after it (`max_off_policy` becomes
     `--max-off-policy`), with its type, choices and doc, so a command's flags cannot drift from the
-    settings the recipe uses. With `overrides`, unset flags leave the field to the config file."""
+    settings the recipe uses. A field without a default is a required flag. With `overrides`, unset
+    flags leave the field to the config file (or to the command)."""
     import argparse as _argparse
     for name in fields:
         info = model.model_fields[name]
         kind, choices, is_bool = _flag_type(info.annotation)
         doc = (info.description or "").split("\n")[0].rstrip(".")
-        default = None if overrides else info.get_default(call_default_factory=True)
-        shown = "" if overrides else " (default: %(default)s)"
+        required = info.is_required() and not overrides
+        default = None if overrides or required else info.get_default(call_default_factory=True)
+        shown = "" if overrides or required else " (default: %(default)s)"
         flag = "--" + name.replace("_", "-")
         if is_bool:
             parser.add_argument(flag, action=_argparse.BooleanOptionalAction, default=default, help=doc + shown)
         else:
             parser.add_argument(flag, type=kind, choices=choices, default=default, help=doc + shown,
-                                metavar=None if choices else name.upper())
+                                required=required, metavar=None if choices else name.upper())
 
 
 def settings_flags(args, fields: list[str]) -> dict:

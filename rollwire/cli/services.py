@@ -52,10 +52,10 @@ def add_inference(sub) -> None:
                     "loopback, follows the weights topic, verifies each version against its manifest and "
                     "hot-reloads it without dropping requests; publishes the replica's status on the fleet "
                     "topic. A crashed server is restarted and given the version it served.")
-    inference.add_argument("--model", required=True, help="model directory or name to serve as version 0")
     add_settings_flags(inference.add_argument_group("server (settings of rollwire.consumers.vllm_server)"),
-                       VllmServerSettings, SERVER_FLAGS)
-    inference.add_argument("--replica-id", default=None, help="name in status events (default: 127.0.0.1:PORT)")
+                       VllmServerSettings, ["model", *SERVER_FLAGS])
+    add_settings_flags(inference.add_argument_group("replica id (default: HOST:PORT)"), WeightSubscriberSettings,
+                       ["replica_id"], overrides=True)
     add_settings_flags(inference.add_argument_group("weight subscriber"), WeightSubscriberSettings,
                        ["policy", "cache_dir", "keep_versions", "follow", "lane", "allow_moe_full_reload"])
     inference.add_argument("--vllm-log", type=Path, default=None, help="file for the server's own output")
@@ -78,7 +78,8 @@ def add_train(sub) -> None:
                "  [trainer.batch]\n  batch_rollouts = 64\n  max_off_policy = 2\n"
                "  [telemetry]                   # a run's recipe works as it is: each step to its trackers\n"
                "  report_to = [\"tensorboard\"]  # or mlflow, wandb, trackio")
-    train.add_argument("--model", help="starting weights (directory or name); overrides trainer.model.path")
+    train.add_argument("--model", dest="model_path", metavar="MODEL",
+                       help="starting weights (directory or name); overrides trainer.model.path")
     train.add_argument("--config", type=Path, help="TOML file with a [trainer] table")
     overrides = train.add_argument_group("overrides of the config file's [trainer] table")
     add_settings_flags(overrides, TrainerSettings, ["checkpoint_dir", "loss", "lr"], overrides=True)
@@ -136,8 +137,8 @@ def cmd_inference(args: argparse.Namespace) -> int:
 
 def _trainer_settings(args: argparse.Namespace):
     data = config_table(args.config, "trainer", "train")
-    if args.model:
-        data.setdefault("model", {})["path"] = args.model
+    if args.model_path:
+        data.setdefault("model", {})["path"] = args.model_path
     if "path" not in data.get("model", {}):
         raise SystemExit("rollwire train: give the starting weights with --model DIR or trainer.model.path")
     data.update({k: str(v) if isinstance(v, Path) else v

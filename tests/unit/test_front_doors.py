@@ -84,3 +84,35 @@ def test_a_scorer_started_by_hand_scores_in_the_runs_consumer_group(tmp_path):
         assert sum(log.committed(recipe.group_id("scorer"), topics.rollouts).values()) == 2
         scored = [d.event for d in read_to_end(log, [topics.scored], HeldDeadLetters())]
     assert len(scored) == 2
+
+
+def _subcommand(parser, *path: str):
+    for name in path:
+        parser = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction").choices[name]
+    return parser
+
+
+def test_no_command_declares_a_flag_that_copies_a_settings_field():
+    """A flag named after a field of the settings its command builds is generated from that field
+    (`add_settings_flags`: its type, default and doc), never typed again by hand."""
+    from rollwire.cli import build_parser
+    from rollwire.consumers.vllm_server import VllmServerSettings
+    from rollwire.consumers.weight_subscriber import WeightSubscriberSettings
+    from rollwire.producers.dispatcher import DispatcherSettings, EnvironmentMix
+    from rollwire.producers.env_worker import EnvWorkerSettings
+    from rollwire.producers.feedback_api import FeedbackApiSettings
+    from rollwire.producers.gateway import GatewaySettings
+    from rollwire.schemas.rollout import SamplingParams
+    from rollwire.trainer.settings import BatchSettings, TrainerSettings
+    commands = {("serve",): [GatewaySettings], ("feedback", "serve"): [FeedbackApiSettings],
+                ("inference",): [VllmServerSettings, WeightSubscriberSettings], ("env-worker",): [EnvWorkerSettings],
+                ("dispatch",): [EnvironmentMix, SamplingParams, BatchSettings, DispatcherSettings],
+                ("train",): [TrainerSettings, BatchSettings]}
+    copies = []
+    for path, models in commands.items():
+        docs = {name: (info.description or "").split("\n")[0].rstrip(".") for model in models
+                for name, info in model.model_fields.items()}
+        for action in _subcommand(build_parser(), *path)._actions:
+            if action.dest in docs and not (action.help or "").startswith(docs[action.dest]):
+                copies.append(f"rollwire {' '.join(path)} {'/'.join(action.option_strings)}")
+    assert copies == [], "declare these with add_settings_flags: " + ", ".join(copies)
