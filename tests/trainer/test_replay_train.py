@@ -138,8 +138,10 @@ def test_the_command_retrains_a_run_directory_and_writes_the_report(tmp_path, ti
 
     done = replay_cli("--into", "rec-again", "--from-step", "4")
     assert done.returncode == 0, done.stderr
-    assert "2 of 2 published versions are byte for byte the run's" in done.stdout
-    assert (run_dir / "replays" / "rec-again" / "train-report.md").read_text().startswith("# Replay train: `rec`")
+    report = (run_dir / "replays" / "rec-again" / "train-report.md").read_text()
+    assert report.startswith("# Replay train: `rec`")
+    assert "2 of 2 published versions still stored are byte for byte the run's" in report
+    assert "replayed loss" in done.stdout and "2 of 2 published versions" in done.stdout  # printed too
     again = replay_cli("--into", "rec-again", "--from-step", "4")
     assert again.returncode == 2 and "already holds trainer steps" in again.stderr
     gone = replay_cli("--into", "rec-other", "--from-step", "3")  # only steps 2, 4 and 6 are kept
