@@ -17,7 +17,9 @@ def _all_subclasses(cls):
 
 
 def test_every_error_class_is_drawn_under_its_parent():
-    for package in ("rollwire", "rollwire.core", "rollwire.schemas", "rollwire.producers", "rollwire.streams", "rollwire.consumers"):
+    packages = ("rollwire", "rollwire.core", "rollwire.schemas", "rollwire.producers", "rollwire.streams",
+                "rollwire.consumers")
+    for package in packages:
         root = importlib.import_module(package)
         for module in pkgutil.walk_packages(root.__path__, f"{package}."):
             if not module.name.endswith("__main__") and "faust" not in module.name:  # faust: heavy, no errors
