@@ -14,7 +14,7 @@ from rollwire.cli.options import (
     add_settings_flags,
     add_step,
     bus_settings,
-    processor_driver,
+    serve_processor,
     settings_flags,
     validated,
 )
@@ -107,23 +107,12 @@ def add_join(sub) -> None:
 
 def cmd_join(args: argparse.Namespace) -> int:
     from rollwire.cli.options import config_table
-    from rollwire.core.bus import catalog_topics, open_log
-    from rollwire.schemas.topics import Topics
     from rollwire.streams.entry import serve_joiner
     from rollwire.streams.feedback_join import FeedbackJoinSettings
     table = config_table(args.config, "joiner", "join")
     if args.tokenizer:
         table["tokenizer"] = args.tokenizer
-    settings = validated(FeedbackJoinSettings, table, "joiner", "join")
-    topics = Topics(args.prefix)
-    with open_log(bus_settings(args)) as log:
-        log.create_topics(catalog_topics(topics))
-        stats = serve_joiner(log, topics, settings, bus=bus_settings(args), group_id=args.app_id,
-                             driver=processor_driver(args, "join"), stop_after_idle_s=args.exit_when_idle,
-                             loglevel="debug" if args.verbose else "warning")
-    if stats is not None:
-        print(json.dumps(stats))
-    return 0
+    return serve_processor(args, serve_joiner, validated(FeedbackJoinSettings, table, "joiner", "join"), "join")
 
 
 def add_feedback(sub) -> None:

@@ -176,3 +176,22 @@ def processor_driver(args, command: str):
         return choose_driver(bus_settings(args), args.driver)
     except ConfigError as exc:
         raise SystemExit(f"rollwire {command}: {exc}") from None
+
+
+def serve_processor(args, serve, settings, command: str) -> int:
+    """Runs a stream processor's front door (`serve_scorer`, `serve_joiner`) with the processor
+    options of `add_processor_options` on the bus options' log; prints its counts when it stops
+    in-process."""
+    import json
+
+    from rollwire.core.bus import catalog_topics, open_log
+    from rollwire.schemas.topics import Topics
+    topics = Topics(args.prefix)
+    with open_log(bus_settings(args)) as log:
+        log.create_topics(catalog_topics(topics))
+        stats = serve(log, topics, settings, bus=bus_settings(args), group_id=args.app_id,
+                      driver=processor_driver(args, command), stop_after_idle_s=args.exit_when_idle,
+                      loglevel="debug" if args.verbose else "warning")
+    if stats is not None:
+        print(json.dumps(stats))
+    return 0

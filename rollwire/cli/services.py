@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from rollwire.cli.options import (
@@ -13,7 +12,7 @@ from rollwire.cli.options import (
     add_store_options,
     bus_settings,
     config_table,
-    processor_driver,
+    serve_processor,
     settings_flags,
     store_settings,
     validated,
@@ -100,19 +99,8 @@ def _scorer_settings(path: Path | None):
 
 
 def cmd_score(args: argparse.Namespace) -> int:
-    from rollwire.core.bus import catalog_topics, open_log
-    from rollwire.schemas.topics import Topics
     from rollwire.streams.entry import serve_scorer
-    settings = _scorer_settings(args.config)
-    topics = Topics(args.prefix)
-    with open_log(bus_settings(args)) as log:
-        log.create_topics(catalog_topics(topics))
-        stats = serve_scorer(log, topics, settings, bus=bus_settings(args), group_id=args.app_id,
-                             driver=processor_driver(args, "score"), stop_after_idle_s=args.exit_when_idle,
-                             loglevel="debug" if args.verbose else "warning")
-    if stats is not None:
-        print(json.dumps(stats))
-    return 0
+    return serve_processor(args, serve_scorer, _scorer_settings(args.config), "score")
 
 
 def cmd_inference(args: argparse.Namespace) -> int:

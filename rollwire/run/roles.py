@@ -1,13 +1,16 @@
 """One component of a run, in its own process: `python -m rollwire.run.roles ROLE RECIPE_JSON`.
 
-    replica      vLLM server + weight subscriber     (rollwire.consumers.replica)
-    scorer       group scorer: faust on Kafka, the in-process driver on the embedded log
-    trainer      until the recipe's last step         (rollwire.trainer.loop; under torchrun with processes > 1)
-    env-worker   tasks -> rollouts through the replica (rollwire.producers.env_worker)
-    dispatcher   tasks, paced by the off-policy budget (rollwire.producers.dispatcher)
-    gateway      `rollwire serve` in front of the replica  (rollwire.producers.gateway)    [feedback]
-    feedback-api `rollwire feedback serve`                 (rollwire.producers.feedback_api) [feedback]
-    joiner       `rollwire join`: faust on Kafka, in-process on the embedded log                [feedback]
+Each role starts through its front door, the same one its own command uses (`rollwire score`,
+`rollwire train`, ...), given the settings the recipe holds:
+
+    replica      vLLM server + weight subscriber     rollwire.consumers.entry.serve_replica
+    scorer       group scorer (faust on Kafka)       rollwire.streams.entry.serve_scorer
+    trainer      until the recipe's last step        rollwire.trainer.entry.serve_trainer (torchrun: processes > 1)
+    env-worker   tasks -> rollouts via the replicas  rollwire.producers.entry.serve_env_worker
+    dispatcher   tasks, paced by the off-policy budget  rollwire.producers.entry.serve_dispatcher
+    gateway      `rollwire serve` before the replica    rollwire.producers.gateway.serve       [feedback]
+    feedback-api `rollwire feedback serve`              rollwire.producers.feedback_api.serve  [feedback]
+    joiner       `rollwire join` (faust on Kafka)       rollwire.streams.entry.serve_joiner    [feedback]
 
 The supervisor (`rollwire.run.supervisor`) starts these; each reads its settings from the
 resolved recipe and stops cleanly on SIGTERM (Ctrl-C reaches only the supervisor).
