@@ -42,15 +42,9 @@ install: $(STAMP)
 run: install
 	$(VENV)/bin/rollwire run $(RUN_ARGS)
 
-# The whole suite runs as two pytest processes side by side (tests/tiers.py: tests/run beside the
-# rest); with PYTEST_ARGS, one pytest process runs just what they select.
 test: install lint
 	$(VENV)/bin/python deploy/kafka/broker.py fetch >/dev/null
-ifeq ($(strip $(PYTEST_ARGS)),)
-	$(VENV)/bin/python tests/tiers.py
-else
 	$(VENV)/bin/python -m pytest --durations=30 $(PYTEST_ARGS)
-endif
 
 # Lint and types (settings in pyproject.toml): part of `make test`, so part of CI.
 lint: install

@@ -186,12 +186,17 @@ def serve_processor(args, serve, settings, command: str) -> int:
 
     from rollwire.core.bus import catalog_topics, open_log
     from rollwire.schemas.topics import Topics
-    topics = Topics(args.prefix)
-    with open_log(bus_settings(args)) as log:
+    topics, driver = Topics(args.prefix), processor_driver(args, command)
+    log = open_log(bus_settings(args))
+    try:
         log.create_topics(catalog_topics(topics))
-        stats = serve(log, topics, settings, bus=bus_settings(args), group_id=args.app_id,
-                      driver=processor_driver(args, command), stop_after_idle_s=args.exit_when_idle,
-                      loglevel="debug" if args.verbose else "warning")
+        if driver == "faust":  # a faust worker keeps clients of its own: ours go before it starts
+            log.close()
+        stats = serve(log, topics, settings, bus=bus_settings(args), group_id=args.app_id, driver=driver,
+                      stop_after_idle_s=args.exit_when_idle, loglevel="debug" if args.verbose else "warning")
+    finally:
+        if driver != "faust":
+            log.close()
     if stats is not None:
         print(json.dumps(stats))
     return 0
