@@ -135,18 +135,22 @@ class WeightSubscriber:
         """Applies the newest published version, or the latest decision's (if any), and starts
         following from there."""
         ends = self.log.end_offsets(self.topic)
-        latest = self.log.latest_per_key(self.topic).get(self.settings.policy.encode())
+        latest = self._latest()
         reader = self.log.reader([self.topic], AtOffsets({(self.topic, p): o for p, o in ends.items()}))
         self._reader = EventConsumer(reader, self._dead_letters)
+        return None if latest is None else self._take(latest)
+
+    def _latest(self):
+        """The newest event of this replica's policy on its topic (compacted: one per policy), or None."""
+        latest = self.log.latest_per_key(self.topic).get(self.settings.policy.encode())
         if latest is None or latest.value is None:
             return None
         try:
-            event = self._codec.decode(latest.value).event
+            return self._codec.decode(latest.value).event
         except SchemaError as exc:
             self._dead_letters.send(latest, exc, stage="decode")
             self._dead_letters.flush()
             return None
-        return self._take(event)
 
     def _take(self, event) -> ReplicaStatus | None:
         """Applies a weights event, or the version a serving decision gives this replica's lane."""
@@ -240,14 +244,19 @@ class WeightSubscriber:
         return time.perf_counter() - started
 
     def reapply(self) -> ReplicaStatus | None:
-        """Loads the served version again, into a freshly restarted server."""
-        if self.serving is None or self.serving_dir is None:
-            return None
-        try:
-            swap_s = self._swap(self.serving, self.serving_dir)
-        except VllmError as exc:
-            return self._report("failed", self.serving, reason=f"reloading after a restart failed: {exc}")
-        return self._report("serving", self.serving, swap_s=swap_s)
+        """Loads the served version again into a freshly restarted server, then the newest one on
+        the topic: a version whose swap failed because the server had died (refused, kept the
+        served one) is not published again, and the dispatcher waits for the fleet to reach it."""
+        status = None
+        if self.serving is not None and self.serving_dir is not None:
+            try:
+                swap_s = self._swap(self.serving, self.serving_dir)
+            except VllmError as exc:
+                return self._report("failed", self.serving, reason=f"reloading after a restart failed: {exc}")
+            status = self._report("serving", self.serving, swap_s=swap_s)
+        latest = self._latest()
+        newer = self._take(latest) if latest is not None else None
+        return newer or status
 
     def _unload_retired(self) -> None:
         now = time.monotonic()

@@ -41,3 +41,63 @@ def test_garbage_on_the_weights_topic_is_dead_lettered_and_the_subscriber_goes_o
         ("replica/r0", "decode"), ("replica/r0", "decode"), ("replica/r0", "process")]
     assert all(isinstance(letter, DeadLetter) and letter.source_topic == topics.weights for letter in letters)
     assert "replica.status event on w.weights, where this replica expects weights.published" in letters[2].error
+
+
+class FlakyEngine:
+    """A vLLM control client whose server can be down: swaps then fail as a dead server's would."""
+
+    def __init__(self) -> None:
+        self.down = False
+        self.swapped: list[int] = []
+
+    def swap_full_weights(self, weights_dir: str, version_label: str) -> float:
+        from rollwire.consumers.vllm_control import VllmError
+        if self.down:
+            raise VllmError("POST /pause failed: connection refused")
+        self.swapped.append(int(version_label))
+        return 0.01
+
+
+def test_a_restarted_server_gets_the_newest_version_whose_swap_failed_while_it_was_down(tmp_path):
+    """The chaos run's stall: vLLM killed in the middle of swaps, the versions published meanwhile
+    refused (the served one kept), the server restarted with the served version; nothing publishes
+    those versions again, so the replica must reach the newest itself, or the dispatcher waits on it
+    for good."""
+    import numpy
+    from safetensors.numpy import save_file
+
+    from rollwire.core.weight_versions import publish, version_prefix
+    from rollwire.schemas.weights import WeightsPublished
+    topics, store = Topics("w"), LocalStore(tmp_path / "store")
+    log = open_log(EmbeddedBusSettings(path=tmp_path / "log"))
+    log.create_topics(catalog_topics(topics))
+    trainer = EventProducer(log.producer(), topics, name="trainer")
+
+    def publish_version(version: int) -> None:
+        folder = tmp_path / f"model-{version}"
+        folder.mkdir()
+        save_file({"w": numpy.full((2, 2), version, dtype=numpy.float32)}, str(folder / "model.safetensors"))
+        done = publish(store, folder, version_prefix("policy", version), policy="policy", version=version, step=version)
+        trainer.send(topics.weights, WeightsPublished(policy="policy", version=version, step=version, uri=done.uri,
+                                                      manifest_sha256=done.manifest_sha256,
+                                                      size_bytes=done.size_bytes), key="policy")
+        trainer.flush()
+
+    engine = FlakyEngine()
+    subscriber = WeightSubscriber(log, topics, store, engine,
+                                  WeightSubscriberSettings(replica_id="r0", cache_dir=tmp_path / "cache"))
+    publish_version(1)
+    assert subscriber.catch_up().serving_version == 1
+    engine.down = True
+    publish_version(2)
+    publish_version(3)
+    assert [s.state for s in subscriber.poll(timeout_s=2.0)] == ["failed", "failed"]
+    assert subscriber.serving.version == 1
+    engine.down = False  # the replica restarted the server
+
+    status = subscriber.reapply()
+
+    assert engine.swapped == [1, 1, 3] and subscriber.serving.version == 3
+    assert status.state == "serving" and status.serving_version == 3
+    subscriber.close()
+    trainer.close()
