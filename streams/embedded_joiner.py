@@ -15,58 +15,67 @@ One `step`, as the scorer's commit protocol:
     # Step 5  commit the consumer's offsets
 
 A crash before Step 5 replays the batch: feedback already joined is recognised by its id in the
-restored state, so each feedback item becomes one sample or one drop. The messages one receipt
-sends another about a preference (`PartnerRecord`) are applied at once: this driver holds every
-receipt. One process holds every
-receipt: served records and feedback are keyed by conversation (or receipt), not co-partitioned
-by receipt, so the joiner does not split across processes yet.
+restored state, so each feedback item becomes one sample or one drop. What the joiner holds lives
+in its host (`joiner_host.py`, shared with the faust driver). One process holds every receipt:
+served records and feedback are keyed by conversation (or receipt), not co-partitioned by receipt,
+so this driver does not split across processes (the faust driver does, by re-keying them); the
+messages one receipt sends another about a preference (`PartnerRecord`) are applied at once.
 """
 
 from __future__ import annotations
 
-import collections
-import heapq
 import logging
 import time
+from collections.abc import Iterable
 
 from rollwire.core.bus import DeadLetters, EventConsumer, EventLog, EventProducer
-from rollwire.schemas.base import Event, now_ms
+from rollwire.core.bus.partitioner import partition_for
 from rollwire.schemas.envelope import Codec
 from rollwire.schemas.errors import SchemaError
-from rollwire.schemas.feedback import FeedbackReceived
 from rollwire.schemas.joiner import FeedbackJoinState, SourceBaseline
-from rollwire.schemas.rollout import ScoredRollout
-from rollwire.schemas.serving import ResponseServed
 from rollwire.schemas.topics import Topics
-from rollwire.streams.feedback_join import FeedbackJoiner, JoinStep, joining_span, receipt_of
-from rollwire.streams.group_changelog import PendingWrites
+from rollwire.streams.feedback_join import FeedbackJoiner, joining_span
+from rollwire.streams.host import Output
 from rollwire.streams.in_process import InProcessDriver
+from rollwire.streams.joiner_host import JoinerHost, baseline_partition
 
 logger = logging.getLogger(__name__)
 
-BASELINE_KEY = "\x00"
-"""Before a source's name in its baseline's changelog key (receipts never start with NUL)."""
+
+class RestoredReceipts:
+    """The receipts and baselines rebuilt from the changelog (`JoinerHost`'s store)."""
+
+    def __init__(self, partitions: int) -> None:
+        self.partitions = partitions
+        self.states: dict[str, FeedbackJoinState] = {}
+        self.by_partition: dict[int, dict[str, SourceBaseline]] = {}
+
+    def receipt(self, receipt: str) -> FeedbackJoinState | None:
+        return self.states.pop(receipt, None)  # the host holds it from now on
+
+    def receipts(self, partition: int) -> Iterable[str]:
+        return [r for r in self.states if partition_for(r.encode(), self.partitions) == partition]
+
+    def baselines(self, partition: int) -> dict[str, SourceBaseline]:
+        return self.by_partition.get(partition, {})
 
 
 class EmbeddedJoiner(InProcessDriver):
     def __init__(self, log: EventLog, topics: Topics, joiner: FeedbackJoiner, *, group_id: str = "feedback-joiner",
                  tick_s: float = 1.0) -> None:
-        self.log, self.topics, self.joiner, self.tick_s = log, topics, joiner, tick_s
+        self.log, self.topics, self.tick_s = log, topics, tick_s
         self.state_topic = topics.name("joiner-state")
         self.producer = EventProducer(log.producer(), topics, name="feedback-joiner")
         self.consumer = EventConsumer(log.consumer([topics.served, topics.feedback], group_id),
                                       DeadLetters(self.producer, "feedback-joiner"), group=group_id)
-        self.states: dict[str, FeedbackJoinState] = {}
-        self.baselines: dict[str, SourceBaseline] = {}
-        self.pending = PendingWrites()
-        self.stats: collections.Counter[str] = collections.Counter()
-        self._due: list[tuple[int, str]] = []  # (when a tick has something to do for a receipt, receipt)
+        self.host = JoinerHost(joiner, topics.spec(topics.name("joiner-in")).partitions)
+        self.stats = self.host.stats
         self._next_tick = 0.0
         self._restore()
 
     def _restore(self) -> None:
-        codec = Codec()
-        for record in self.log.latest_per_key(self.state_topic).values():
+        codec, store = Codec(), RestoredReceipts(self.host.partitions)
+        for key, record in self.log.latest_per_key(self.state_topic).items():
             if not record.value:
                 continue
             try:
@@ -75,15 +84,17 @@ class EmbeddedJoiner(InProcessDriver):
                 self.consumer.dead_letters.send(record, exc, stage="decode")
                 continue
             if isinstance(event, FeedbackJoinState):
-                self.states[event.response_id] = event
-                self._schedule(event)
-            elif isinstance(event, SourceBaseline):
-                self.baselines[event.source] = event
-        logger.info("feedback joiner restored %d receipts and %d source baselines", len(self.states),
-                    len(self.baselines))
+                store.states[event.response_id] = event
+            elif isinstance(event, SourceBaseline) and (p := baseline_partition(key, store.partitions)) is not None:
+                store.by_partition.setdefault(p, {})[event.source] = event
+        self.host.reset(store)
+        logger.info("feedback joiner restored %d receipts and the baselines of %d sources", len(store.states),
+                    len({s for b in store.by_partition.values() for s in b}))
 
-    def _schedule(self, state: FeedbackJoinState) -> None:
-        heapq.heappush(self._due, (FeedbackJoiner.due_ms(state, self.joiner.settings), state.response_id))
+    @property
+    def states(self) -> dict[str, FeedbackJoinState]:
+        """The receipts held now (after a step: every one restored is read by its first tick)."""
+        return self.host.held()
 
     def step(self, timeout_s: float = 0.5) -> int:
         """One pass of the commit protocol; returns the records read."""
@@ -91,55 +102,27 @@ class EmbeddedJoiner(InProcessDriver):
         deliveries = self.consumer.poll_batch(500, timeout_s)
         # Step 2
         for delivery in deliveries:
-            event = delivery.event
             with self.consumer.process_span(delivery):
-                if isinstance(event, ResponseServed):
-                    self._apply(event.response_id, self.joiner.on_served(
-                        self.states.get(event.response_id), event, self.baselines))
-                elif isinstance(event, FeedbackReceived):
-                    receipt = receipt_of(event) or ""
-                    self._apply(receipt, self.joiner.on_feedback(self.states.get(receipt), event, self.baselines))
+                outputs = self.host.event(delivery.event)
+                if outputs is None:
+                    self.consumer.dead_letter(
+                        delivery, f"a {delivery.event.type} event does not belong on {delivery.record.topic}")
                 else:
-                    self.consumer.dead_letter(delivery, f"a {event.type} event does not belong on {delivery.record.topic}")
+                    self._send(outputs)
         # Step 3
         if time.monotonic() >= self._next_tick:
             self._next_tick = time.monotonic() + self.tick_s
-            now = now_ms()
-            while self._due and self._due[0][0] <= now:
-                receipt = heapq.heappop(self._due)[1]
-                if receipt in self.states:
-                    self._apply(receipt, self.joiner.on_tick(self.states[receipt], now=now))
+            self._send(self.host.tick())
         # Steps 4 and 5
-        self.store_and_commit(self.pending.drain())
+        self.store_and_commit(self.host.writes())
         return len(deliveries)
 
-    def _apply(self, receipt: str, step: JoinStep) -> None:
-        if step.duplicate:
-            self.stats["duplicates"] += 1
-        for event in step.events:
-            self._send(event, step.state)
-        for source, baseline in step.baselines.items():
-            self.baselines[source] = baseline
-            self.pending.add([(BASELINE_KEY + source, baseline)])
-        if not receipt:  # feedback with no receipt: dropped, nothing to hold
-            return
-        before = self.states.get(receipt)
-        if step.state is None:
-            if before is not None:
-                self.states.pop(receipt)
-                self.pending.add([(receipt, None)])
-        elif step.state != before:
-            self.states[receipt] = step.state
-            self.pending.add([(receipt, step.state)])
-            self._schedule(step.state)
-        for record in step.messages:  # every receipt is held here: a message is applied at once
-            self._apply(record.to, self.joiner.on_partner(self.states.get(record.to), record, self.baselines))
-
-    def _send(self, event: Event, state: FeedbackJoinState | None) -> None:
-        if isinstance(event, ScoredRollout):
-            with joining_span(event, state):
-                self.producer.send(self.topics.scored, event, key=event.rollout.group_id)
-            self.stats["samples"] += 1
-        else:
-            self.producer.send(self.topics.drops, event, key=getattr(event, "group_id", None) or "feedback")
-            self.stats["dropped"] += 1
+    def _send(self, outputs: list[Output]) -> None:
+        queue = list(outputs)
+        while queue:
+            out = queue.pop(0)
+            if out.topic == "joiner-in":  # every receipt is held here: a message is applied at once
+                queue += self.host.event(out.event) or []
+                continue
+            with joining_span(out.event, out.made_by if isinstance(out.made_by, FeedbackJoinState) else None):
+                self.producer.send(self.topics.name(out.topic), out.event, key=out.key)

@@ -14,8 +14,12 @@ concurrency stays 1 because faust can commit past an event still in flight with 
 dedupe on rollout id.
 
 Timeouts come as tick records: the leader's timer sends one to every partition of
-`scorer-ticks`, and the agent expires the groups of that partition that are due
-(`scoring.Deadlines`: a tick visits those only, not the whole table).
+`scorer-ticks`, and the agent expires the groups of that partition that are due (a tick visits
+those only, not the whole table).
+
+What the scorer holds between records lives in its host (`scorer_host.py`), which the in-process
+driver feeds too; this driver feeds it, sends what it returns, and writes its changes to the table
+at the end of each batch.
 """
 
 from __future__ import annotations
@@ -33,7 +37,6 @@ from rollwire.core.bus.base import Record
 from rollwire.core.bus.events import dead_letter_for, outgoing
 from rollwire.core.bus.partitioner import partition_for
 from rollwire.core.bus.settings import KafkaBusSettings
-from rollwire.schemas.base import now_ms
 from rollwire.schemas.envelope import Codec
 from rollwire.schemas.errors import SchemaError
 from rollwire.schemas.rollout import RolloutCompleted
@@ -41,7 +44,9 @@ from rollwire.schemas.scorer import ScorerGroupState, ScorerTick
 from rollwire.schemas.topics import Topics
 from rollwire.streams import group_changelog
 from rollwire.streams.faust_recovery import SeekBeforeFetchTableManager
-from rollwire.streams.scoring import Deadlines, GroupScorer, OpenGroups, ScorerSettings, Step, route, scoring_span
+from rollwire.streams.host import Output
+from rollwire.streams.scorer_host import ScorerHost
+from rollwire.streams.scoring import GroupScorer, ScorerSettings, scoring_span
 
 logger = logging.getLogger(__name__)
 
@@ -149,11 +154,30 @@ def faust_app(settings: FaustWorkerSettings, bus: KafkaBusSettings) -> faust.App
     )
 
 
+class TableGroups:
+    """The groups in faust's `groups` table (`ScorerHost`'s store): a header record per group and a
+    record per rollout it holds (`group_changelog.py`)."""
+
+    def __init__(self, table: Any, codec: Codec, partitions: int) -> None:
+        self.table, self.codec, self.partitions = table, codec, partitions
+
+    def group(self, group_id: str) -> ScorerGroupState | None:
+        group = table_event(self.table, group_id.encode(), self.codec, "scorer-state")
+        if not isinstance(group, ScorerGroupState):
+            return None
+        keys = (group_changelog.rollout_key(group_id, i).encode() for i in range(group.group_size))
+        records = [table_event(self.table, k, self.codec, "scorer-state") for k in keys if k in self.table]
+        return group_changelog.assemble(group, [r.rollout for r in records if r is not None])
+
+    def group_ids(self, partition: int) -> list[str]:
+        return [k.decode() for k in list(self.table.keys())
+                if group_changelog.is_group_key(k) and partition_for(k, self.partitions) == partition]
+
+
 def build_app(settings: FaustWorkerSettings, scorer_settings: ScorerSettings, *, bus: KafkaBusSettings,
               topics: Topics, teacher=None, sink: Sink | None = None) -> faust.App:
-    """A faust app with the scoring agent, the tick timer and the group table. Outputs go to
-    their Kafka topics, or to `sink` when given (for broker-free tests of the agent)."""
-    scorer = GroupScorer(scorer_settings, teacher=teacher)
+    """A faust app with the scoring agent (feeding a `ScorerHost`), the tick timer and the group
+    table. Outputs go to their Kafka topics, or to `sink` when given (for broker-free tests)."""
     codec = Codec()
     app = faust_app(settings, bus)
     raw = {"schema": faust.Schema(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")}
@@ -164,6 +188,12 @@ def build_app(settings: FaustWorkerSettings, scorer_settings: ScorerSettings, *,
                                        changelog_topic=state_topic, beacon=app.tables.beacon, **raw))
     outputs = {name: app.topic(topics.name(name), internal=False, **raw)
                for name in ("scored", "drops", "deadletter")}
+    # The host decodes the groups from the table as it needs them; after a rebalance it starts over.
+    host = ScorerHost(GroupScorer(scorer_settings, teacher=teacher), partitions, TableGroups(groups, codec, partitions))
+
+    @app.on_partitions_revoked.connect
+    async def forget_decoded(*_args: Any, **_kwargs: Any) -> None:
+        host.reset(TableGroups(groups, codec, partitions))
 
     async def send(topic_name: str, event, key: str) -> None:
         with outgoing(topics, codec, settings.app_id, topics.name(topic_name), event, key) as out:
@@ -172,87 +202,18 @@ def build_app(settings: FaustWorkerSettings, scorer_settings: ScorerSettings, *,
             else:
                 await outputs[topic_name].send(key=out.key, value=out.value, headers=out.headers)
 
-    # The table holds encoded records (`group_changelog.py`: a header per group, a record per
-    # rollout); `held` holds the groups decoded, rebuilt from the table after a rebalance, and
-    # always current: the table catches up at the end of each batch, from `pending`.
-    held: dict[str, ScorerGroupState | None] = {}
-    pending = group_changelog.PendingWrites()
-    # Per rollout partition, when its groups are next due for a tick (`scoring.Deadlines`): built
-    # from the table by the partition's first tick after an assignment, then kept by `apply`.
-    deadlines: dict[int, Deadlines] = {}
-    # Per rollout partition, its open groups oldest first (`scoring.OpenGroups`), for
-    # `max_open_groups` over the whole worker; built like `deadlines`, kept by `apply`.
-    open_groups: dict[int, OpenGroups] = {}
-
-    @app.on_partitions_revoked.connect
-    async def forget_decoded(*_args: Any, **_kwargs: Any) -> None:
-        held.clear()
-        deadlines.clear()
-        open_groups.clear()
-
-    def group_keys(partition: int) -> list[str]:
-        return [k.decode() for k in list(groups.keys())
-                if group_changelog.is_group_key(k) and partition_for(k, partitions) == partition]
-
-    def open_in(partition: int) -> OpenGroups:
-        if partition not in open_groups:  # the first need since the assignment: one pass over the table
-            open_groups[partition] = OpenGroups.of(scorer.settings.max_open_groups,
-                                                   ((g, state_of(g)) for g in group_keys(partition)))
-        return open_groups[partition]
-
-    async def make_room(group_id: str) -> None:
-        """Before `group_id` opens: past `max_open_groups` (all partitions held), the oldest open
-        group of its partition is closed early."""
-        mine = open_in(partition_for(group_id.encode(), partitions))
-        held_open = sum(len(o) for o in open_groups.values())
-        oldest = mine.oldest()
-        if held_open >= scorer.settings.max_open_groups and oldest is not None:
-            state = state_of(oldest)
-            if state is not None:
-                await apply(oldest, scorer.overflow(state, held_open))
-
-    async def apply(group_id: str, step: Step) -> None:
-        for event in step.events:
-            with scoring_span(event):
-                await send(route(event), event, group_id)
-        pending.add(group_changelog.writes(group_id, state_of(group_id), step))
-        if step.changed:
-            held[group_id] = step.state
-            partition = partition_for(group_id.encode(), partitions)
-            schedule = deadlines.get(partition)
-            if schedule is not None:
-                schedule.push(group_id, step.state)
-            if partition in open_groups:
-                open_groups[partition].note(group_id, step.state)
-
-    def due(partition: int, now: int) -> list[str]:
-        """The groups of `partition` due for a tick."""
-        if partition not in deadlines:  # the first tick since the assignment: one pass over the table
-            deadlines[partition] = Deadlines(scorer.settings)
-            for group_id in group_keys(partition):
-                deadlines[partition].push(group_id, state_of(group_id))
-        return deadlines[partition].due(now)
+    async def send_all(scored: list[Output]) -> None:
+        for out in scored:
+            with scoring_span(out.event):
+                await send(out.topic, out.event, out.key)
 
     def write_table() -> None:
         """The batch's changes, coalesced, into the table (faust sends each to the changelog)."""
-        for key, record in pending.drain():
+        for key, record in host.writes():
             if record is None:
                 groups.pop(key.encode(), None)
             else:
                 groups[key.encode()] = codec.encode(record, producer=settings.app_id)
-
-    def stored(key: bytes):
-        return table_event(groups, key, codec, "scorer-state")
-
-    def state_of(group_id: str) -> ScorerGroupState | None:
-        if group_id not in held:
-            group = stored(group_id.encode())
-            if isinstance(group, ScorerGroupState):
-                keys = (group_changelog.rollout_key(group_id, i).encode() for i in range(group.group_size))
-                records = [stored(k) for k in keys if k in groups]
-                group = group_changelog.assemble(group, [r.rollout for r in records if r is not None])
-            held[group_id] = group if isinstance(group, ScorerGroupState) else None
-        return held[group_id]
 
     @app.agent(app.topic(topics.rollouts, topics.name("scorer-ticks"), **raw), concurrency=1)
     async def score(stream) -> None:
@@ -276,24 +237,16 @@ def build_app(settings: FaustWorkerSettings, scorer_settings: ScorerSettings, *,
             await send("deadletter", dead_letter_for(record, exc, stage="decode", component="scorer"), record.topic)
             return
         if isinstance(decoded, ScorerTick):
-            write_table()  # groups opened earlier in this batch are in the table too
-            now = now_ms()
-            for group_id in due(record.partition, now):
-                state = state_of(group_id)
-                if state is not None:
-                    await apply(group_id, scorer.on_tick(state, now=now))
-            return
-        if not isinstance(decoded, RolloutCompleted):
+            await send_all(host.tick(partitions=[record.partition]))
+        elif isinstance(decoded, RolloutCompleted):
+            applied = host.rollout(decoded)
+            if applied.rejected:
+                await send("deadletter", dead_letter_for(record, applied.rejected, stage="process", component="scorer"),
+                           record.topic)
+            await send_all(applied.outputs)
+        else:
             await send("deadletter", dead_letter_for(record, f"{decoded.type} does not belong on {record.topic}",
                                                      stage="process", component="scorer"), record.topic)
-            return
-        if state_of(decoded.group_id) is None:
-            await make_room(decoded.group_id)
-        step = scorer.on_rollout(state_of(decoded.group_id), decoded)
-        if step.rejected:
-            await send("deadletter", dead_letter_for(record, step.rejected, stage="process", component="scorer"),
-                       record.topic)
-        await apply(decoded.group_id, step)
 
     add_ticks(app, ticks_topic, partitions, settings, codec)
     return app

@@ -22,7 +22,6 @@ commits offsets: delivery is at-least-once, and a replayed record is recognised 
 
 from __future__ import annotations
 
-import heapq
 import logging
 from typing import Any
 
@@ -33,44 +32,61 @@ from rollwire.core.bus.base import Record
 from rollwire.core.bus.events import dead_letter_for, outgoing
 from rollwire.core.bus.partitioner import partition_for
 from rollwire.core.bus.settings import KafkaBusSettings
-from rollwire.schemas.base import Event, now_ms
+from rollwire.schemas.base import Event
 from rollwire.schemas.envelope import Codec
 from rollwire.schemas.errors import SchemaError
 from rollwire.schemas.feedback import FeedbackReceived
-from rollwire.schemas.joiner import FeedbackJoinState, PartnerRecord, SourceBaseline
-from rollwire.schemas.rollout import ScoredRollout
+from rollwire.schemas.joiner import FeedbackJoinState, SourceBaseline
 from rollwire.schemas.scorer import ScorerTick
 from rollwire.schemas.serving import ResponseServed
 from rollwire.schemas.topics import Topics
-from rollwire.streams.faust_app import FaustWorkerSettings, add_ticks, faust_app, record_of, table_event
-from rollwire.streams.feedback_join import FeedbackJoiner, JoinStep, joining_span, receipt_of
+from rollwire.streams.faust_app import FaustWorkerSettings, Sink, add_ticks, faust_app, record_of, table_event
+from rollwire.streams.feedback_join import FeedbackJoiner, joining_span, receipt_of
+from rollwire.streams.host import Output
+from rollwire.streams.joiner_host import JoinerHost, baseline_partition
 
 logger = logging.getLogger(__name__)
 
-BASELINE_KEY = "\x00"
-"""Before a source's name (and NUL, its partition) in a baseline's table key; receipts never start with NUL."""
-
-
-def baseline_key(source: str, partition: int) -> bytes:
-    return f"{BASELINE_KEY}{source}{BASELINE_KEY}{partition}".encode()
-
-
 class ReceiptTable(faust.Table):
     """The `receipts` table: a receipt's state on the partition its records arrive on; a baseline
-    on the partition its key names (the in-process driver's `NUL source` keys: by hash)."""
+    on the partition its key names (`joiner_host.baseline_key`)."""
 
     def partition_for_key(self, key: Any) -> int:
-        if key.startswith(BASELINE_KEY.encode()):
-            _, _, partition = key[1:].rpartition(BASELINE_KEY.encode())
-            if partition.isdigit():
-                return int(partition)
-        return partition_for(key, self.partitions)
+        partition = baseline_partition(key, self.partitions)
+        return partition_for(key, self.partitions) if partition is None else partition
+
+
+class TableReceipts:
+    """The receipts and baselines in faust's `receipts` table (`JoinerHost`'s store)."""
+
+    def __init__(self, table: ReceiptTable, codec: Codec) -> None:
+        self.table, self.codec = table, codec
+
+    def _stored(self, key: bytes) -> Event | None:
+        return table_event(self.table, key, self.codec, "joiner-state")
+
+    def receipt(self, receipt: str) -> FeedbackJoinState | None:
+        state = self._stored(receipt.encode())
+        return state if isinstance(state, FeedbackJoinState) else None
+
+    def receipts(self, partition: int) -> list[str]:
+        return [k.decode() for k in list(self.table.keys())
+                if baseline_partition(k, self.table.partitions) is None and self.table.partition_for_key(k) == partition]
+
+    def baselines(self, partition: int) -> dict[str, SourceBaseline]:
+        found = {}
+        for key in list(self.table.keys()):
+            if baseline_partition(key, self.table.partitions) == partition and isinstance(
+                    b := self._stored(key), SourceBaseline):
+                found[b.source] = b
+        return found
 
 
 def build_app(settings: FaustWorkerSettings, joiner: FeedbackJoiner, *, bus: KafkaBusSettings,
-              topics: Topics) -> faust.App:
-    """A faust app with the routing and joining agents, the tick timer and the receipt table
-    (`FaustWorkerSettings`: how a faust worker of rollwire runs, whichever processor it is)."""
+              topics: Topics, sink: Sink | None = None) -> faust.App:
+    """A faust app with the routing and joining agents (feeding a `JoinerHost`), the tick timer and
+    the receipt table (`FaustWorkerSettings`: how a faust worker of rollwire runs, whichever
+    processor it is). Outputs go to their Kafka topics, or to `sink` when given (broker-free tests)."""
     codec = Codec()
     app = faust_app(settings, bus)
     raw = {"schema": faust.Schema(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")}
@@ -80,81 +96,34 @@ def build_app(settings: FaustWorkerSettings, joiner: FeedbackJoiner, *, bus: Kaf
     receipts = app.tables.add(ReceiptTable(app, name="receipts", default=None, partitions=partitions,
                                            changelog_topic=state_topic, beacon=app.tables.beacon, **raw))
     outputs = {name: app.topic(topics.name(name), internal=False, **raw) for name in ("scored", "drops", "deadletter")}
-
-    # decoded views of the table, rebuilt after a rebalance: states by receipt, baselines and the
-    # tick schedule (a heap of (due ms, receipt)) by partition
-    held: dict[str, FeedbackJoinState | None] = {}
-    baselines: dict[int, dict[str, SourceBaseline]] = {}
-    schedules: dict[int, list[tuple[int, str]]] = {}
+    host = JoinerHost(joiner, partitions, TableReceipts(receipts, codec))
 
     @app.on_partitions_revoked.connect
     async def forget_decoded(*_args: Any, **_kwargs: Any) -> None:
-        held.clear()
-        baselines.clear()
-        schedules.clear()
-
-    def partition_of(receipt: str) -> int:
-        return partition_for(receipt.encode(), partitions)
-
-    def stored(key: bytes) -> Event | None:
-        return table_event(receipts, key, codec, "joiner-state")
-
-    def state_of(receipt: str) -> FeedbackJoinState | None:
-        if receipt not in held:
-            state = stored(receipt.encode())
-            held[receipt] = state if isinstance(state, FeedbackJoinState) else None
-        return held[receipt]
-
-    def baselines_of(partition: int) -> dict[str, SourceBaseline]:
-        if partition not in baselines:  # the first use since the assignment: one pass over the table
-            baselines[partition] = {}
-            for key in [k for k in list(receipts.keys()) if k.startswith(BASELINE_KEY.encode())]:
-                if receipts.partition_for_key(key) == partition and isinstance(b := stored(key), SourceBaseline):
-                    baselines[partition][b.source] = b
-        return baselines[partition]
-
-    def schedule_of(partition: int) -> list[tuple[int, str]]:
-        if partition not in schedules:
-            schedules[partition] = []
-            for key in [k for k in list(receipts.keys()) if not k.startswith(BASELINE_KEY.encode())]:
-                if receipts.partition_for_key(key) == partition and (state := state_of(key.decode())) is not None:
-                    schedules[partition].append((FeedbackJoiner.due_ms(state, joiner.settings), state.response_id))
-            heapq.heapify(schedules[partition])
-        return schedules[partition]
+        host.reset(TableReceipts(receipts, codec))
 
     async def send(topic_name: str, event: Event, key: str) -> None:
         with outgoing(topics, codec, settings.app_id, topics.name(topic_name), event, key) as out:
-            if topic_name == "joiner-in":
-                await joiner_in.send(key=out.key, value=out.value, headers=out.headers, partition=partition_of(key))
+            if sink is not None:
+                await sink(topics.name(topic_name), out.key, out.value, out.headers)
+            elif topic_name == "joiner-in":
+                await joiner_in.send(key=out.key, value=out.value, headers=out.headers,
+                                     partition=host.partition_of(key))
             else:
                 await outputs[topic_name].send(key=out.key, value=out.value, headers=out.headers)
 
-    async def emit(event: Event, state: FeedbackJoinState | None) -> None:
-        with joining_span(event, state):
-            if isinstance(event, ScoredRollout):
-                await send("scored", event, event.rollout.group_id)
-            else:
-                await send("drops", event, getattr(event, "group_id", None) or "feedback")
+    async def send_all(joined: list[Output]) -> None:
+        for out in joined:
+            with joining_span(out.event, out.made_by if isinstance(out.made_by, FeedbackJoinState) else None):
+                await send(out.topic, out.event, out.key)
 
-    async def apply(receipt: str, step: JoinStep) -> None:
-        for event in step.events:
-            await emit(event, step.state)
-        partition = partition_of(receipt)
-        for source, baseline in step.baselines.items():
-            baselines_of(partition)[source] = baseline
-            receipts[baseline_key(source, partition)] = codec.encode(baseline, producer=settings.app_id)
-        before = state_of(receipt)
-        if step.state is None:
-            if before is not None:
-                receipts.pop(receipt.encode(), None)
-                held[receipt] = None
-        elif step.state != before:
-            held[receipt] = step.state
-            receipts[receipt.encode()] = codec.encode(step.state, producer=settings.app_id)
-            if partition in schedules:
-                heapq.heappush(schedules[partition], (FeedbackJoiner.due_ms(step.state, joiner.settings), receipt))
-        for message in step.messages:
-            await send("joiner-in", message, message.to)
+    def write_table() -> None:
+        """The batch's changes, coalesced, into the table (faust sends each to the changelog)."""
+        for key, record in host.writes():
+            if record is None:
+                receipts.pop(key.encode(), None)
+            else:
+                receipts[key.encode()] = codec.encode(record, producer=settings.app_id)
 
     async def dead_letter(record: Record, error: Exception | str, stage: str) -> None:
         await send("deadletter", dead_letter_for(record, error, stage=stage, component="feedback-joiner"), record.topic)
@@ -186,12 +155,10 @@ def build_app(settings: FaustWorkerSettings, joiner: FeedbackJoiner, *, bus: Kaf
                 if receipt is None:  # nothing to join: rendered from its messages, or dropped
                     with telemetry.process_span(record.topic, record.partition, record.offset, record.headers,
                                                 settings.app_id):
-                        assert isinstance(incoming, FeedbackReceived)
-                        for out in joiner.on_feedback(None, incoming, {}).events:
-                            await emit(out, None)
+                        await send_all(host.event(incoming) or [])
                     continue
                 await joiner_in.send(key=receipt.encode(), value=record.value, headers=list(record.headers),
-                                     partition=partition_of(receipt))
+                                     partition=host.partition_of(receipt))
 
     @app.agent(joiner_in, concurrency=1)
     async def join(stream) -> None:
@@ -203,27 +170,19 @@ def build_app(settings: FaustWorkerSettings, joiner: FeedbackJoiner, *, bus: Kaf
                 with telemetry.process_span(record.topic, record.partition, record.offset, record.headers,
                                             settings.app_id):
                     await handle(record)
+            write_table()
 
     async def handle(record: Record) -> None:
         if (incoming := await decoded(record)) is None:
             return
-        partition = record.partition
         if isinstance(incoming, ScorerTick):
-            now, schedule = now_ms(), schedule_of(partition)
-            while schedule and schedule[0][0] <= now:
-                receipt = heapq.heappop(schedule)[1]
-                if (state := state_of(receipt)) is not None:
-                    await apply(receipt, joiner.on_tick(state, now=now))
+            await send_all(host.tick(partitions=[record.partition]))
             return
-        if isinstance(incoming, ResponseServed):
-            receipt = incoming.response_id
-            await apply(receipt, joiner.on_served(state_of(receipt), incoming, baselines_of(partition)))
-        elif isinstance(incoming, FeedbackReceived) and (receipt := receipt_of(incoming) or "") != "":
-            await apply(receipt, joiner.on_feedback(state_of(receipt), incoming, baselines_of(partition)))
-        elif isinstance(incoming, PartnerRecord):
-            await apply(incoming.to, joiner.on_partner(state_of(incoming.to), incoming, baselines_of(partition)))
-        else:
+        joined = host.event(incoming)
+        if joined is None:
             await dead_letter(record, f"a {incoming.type} event does not belong on {record.topic}", "process")
+        else:
+            await send_all(joined)
 
     add_ticks(app, joiner_in, partitions, settings, codec)
     return app

@@ -114,4 +114,4 @@ def test_the_embedded_driver_drops_the_same_group_as_overflow(tmp_path):
     drops = [e for e in events if isinstance(e, RolloutsDropped)]
     assert [(d.reason, d.rollout_ids) for d in drops] == [("overflow", [f"{drops[0].group_id}-r0"])]
     assert sum(isinstance(e, ScoredRollout) for e in events) == 3 and scorer.stats["overflow"] == 1
-    assert len(scorer.open) == 1  # the second group, still waiting for its members
+    assert scorer.host.open_groups() == 1  # the second group, still waiting for its members
