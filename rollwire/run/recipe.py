@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from rollwire.consumers.vllm_server import VllmServerSettings
 from rollwire.core.bus.settings import BusSettings, EmbeddedBusSettings
 from rollwire.core.errors import ConfigError
+from rollwire.core.identity import RunIdentity
 from rollwire.core.objectstore import LocalStoreSettings, StoreSettings
 from rollwire.core.telemetry import TelemetrySettings
 from rollwire.producers.dispatcher import DispatcherSettings, EnvironmentMix
@@ -27,7 +28,7 @@ from rollwire.producers.env_worker import EnvWorkerSettings
 from rollwire.producers.feedback_api import FeedbackApiSettings
 from rollwire.producers.gateway import GatewaySettings
 from rollwire.producers.tasksets import check_taskset
-from rollwire.schemas.topics import GroupRole, Topics
+from rollwire.schemas.topics import GroupRole
 from rollwire.streams.feedback_join import FeedbackJoinSettings
 from rollwire.streams.scoring import ScorerSettings
 from rollwire.trainer.settings import TrainerSettings, WarmStartSettings
@@ -144,6 +145,10 @@ class RunRecipe(_Section):
     """Where the run keeps its log, weights, checkpoints, metrics and plots; default `runs/<name>`."""
     prefix: str | None = None
     """Topic prefix; default: the run's name (each run its own topics)."""
+    policy: str = Field(default="policy", pattern=r"^[A-Za-z0-9_.-]+$")
+    """The policy's name, the one every component uses: the weights' name in the store and on the
+    `weights` topic (the trainer's `policy`), the model name the replicas serve (`inference.
+    served_model_name`) and the gateway forwards. Set it here, not on a component."""
     steps: int = Field(default=100, ge=1)
     """Trainer steps; the run ends after the last one."""
     stall_after_s: float = Field(default=300.0, gt=0)
@@ -185,11 +190,18 @@ class RunRecipe(_Section):
             self.bus = self.bus.model_copy(update={"path": self.run_dir / "log"})
         if "root" not in self.store.model_fields_set and isinstance(self.store, LocalStoreSettings):
             self.store = self.store.model_copy(update={"root": self.run_dir / "weights"})
-        trainer: dict[str, Any] = {"model": self.trainer.model.model_copy(update={"path": self.base_model})}
+        for section, field, own in (("trainer", "policy", self.trainer), ("inference", "served_model_name", self.inference)):
+            value = getattr(own, field)
+            if field in own.model_fields_set and value != self.policy:
+                raise ValueError(f"{section}.{field} = {value!r} differs from the run's policy {self.policy!r}: a run's "
+                                 f"policy has one name; set `policy = {value!r}` at the top of the recipe instead")
+        trainer: dict[str, Any] = {"model": self.trainer.model.model_copy(update={"path": self.base_model}),
+                                   "policy": self.policy}
         if "checkpoint_dir" not in self.trainer.model_fields_set:
             trainer["checkpoint_dir"] = self.run_dir / "trainer"
         self.trainer = self.trainer.model_copy(update=trainer)
-        inference: dict[str, Any] = {"model": self.base_model, "enable_lora": self.trainer.model.lora is not None}
+        inference: dict[str, Any] = {"model": self.base_model, "enable_lora": self.trainer.model.lora is not None,
+                                     "served_model_name": self.policy}
         if self.inference.log_path is None:
             inference["log_path"] = self.run_dir / "logs" / "vllm.log"
         self.inference = self.inference.model_copy(update=inference)
@@ -214,6 +226,11 @@ class RunRecipe(_Section):
     def topic_prefix(self) -> str:
         return self.prefix or self.name
 
+    @property
+    def identity(self) -> RunIdentity:
+        """The names every component of this run agrees on (`rollwire.core.identity`)."""
+        return RunIdentity(name=self.name, run_dir=self.run_dir, prefix=self.topic_prefix, policy=self.policy)
+
     def server_settings(self, index: int = 0) -> VllmServerSettings:
         """Replica `index`'s server: this recipe's `[inference]` on that replica's port, its own log
         (`vllm.log`, `vllm-1.log`, ...), with `dtype = "auto"` resolved to the trainer's."""
@@ -234,12 +251,12 @@ class RunRecipe(_Section):
         `Topics.group`, the one spelling the roles' own commands use too."""
         if role == "env-worker" and self.env_workers.group_id:
             return self.env_workers.group_id
-        return Topics(self.topic_prefix).group(role)
+        return self.identity.group(role)
 
     def consumer_groups(self) -> list[tuple[str, str]]:
         """(group id, topic) of every consumer group of the run, for its lag (`rollwire.core.metrics.LagProbe`).
         The trainer keeps its positions in its checkpoint, not in a group: it reports its own lag."""
-        topics = Topics(self.topic_prefix)
+        topics = self.identity.topics
         groups = [(self.group_id("env-worker"), topics.tasks), (self.group_id("scorer"), topics.rollouts)]
         if self.feedback.enabled:
             groups += [(self.group_id("joiner"), topics.served), (self.group_id("joiner"), topics.feedback)]

@@ -13,7 +13,9 @@ Each role starts through its front door, the same one its own command uses (`rol
     joiner       `rollwire join` (faust on Kafka)       rollwire.streams.entry.serve_joiner    [feedback]
 
 The supervisor (`rollwire.run.supervisor`) starts these; each reads its settings from the
-resolved recipe and stops cleanly on SIGTERM (Ctrl-C reaches only the supervisor).
+resolved recipe, and the run's names (topics, consumer groups, policy, folders) from the one
+`RunIdentity` the recipe owns (`rollwire.core.identity`); each stops cleanly on SIGTERM (Ctrl-C
+reaches only the supervisor).
 """
 
 from __future__ import annotations
@@ -42,8 +44,8 @@ def run_replica(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
     from rollwire.consumers.entry import serve_replica
     from rollwire.consumers.weight_subscriber import WeightSubscriberSettings
     from rollwire.core.objectstore import open_store
-    cache = recipe.run_dir / ("replica-cache" if index == 0 else f"replica-cache-{index}")
-    subscriber = WeightSubscriberSettings(replica_id=f"replica-{index}", policy=recipe.trainer.policy, cache_dir=cache)
+    cache = recipe.identity.replica_cache(index)
+    subscriber = WeightSubscriberSettings(replica_id=f"replica-{index}", policy=recipe.identity.policy, cache_dir=cache)
     server = recipe.server_settings(index).model_copy(update={"pid_file": cache / "vllm.pid"})
     serve_replica(log, topics, open_store(recipe.store), server, subscriber)
 
@@ -51,7 +53,7 @@ def run_replica(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
 def run_scorer(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
     from rollwire.streams.entry import serve_scorer
     serve_scorer(log, topics, recipe.scorer, bus=recipe.bus, group_id=recipe.group_id("scorer"),
-                 data_dir=recipe.run_dir / "faust")
+                 data_dir=recipe.identity.faust_dir)
 
 
 def run_trainer(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
@@ -99,7 +101,7 @@ def run_feedback_api(recipe: RunRecipe, log, topics: Topics, index: int) -> None
 def run_joiner(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
     from rollwire.streams.entry import serve_joiner
     serve_joiner(log, topics, recipe.feedback.join, bus=recipe.bus, group_id=recipe.group_id("joiner"),
-                 data_dir=recipe.run_dir / "faust")
+                 data_dir=recipe.identity.faust_dir)
 
 
 RUNNERS = {"replica": run_replica, "scorer": run_scorer, "trainer": run_trainer, "env-worker": run_env_worker,
@@ -124,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = recipe.telemetry_for(args.role)
     provider = telemetry.configure(settings)
     meters = metrics.configure(settings.metrics, settings.service_name)
-    topics = Topics(recipe.topic_prefix)
+    topics = recipe.identity.topics
     started = time.monotonic()
     try:
         with open_log(recipe.bus) as log:

@@ -38,7 +38,6 @@ from rollwire.run.progress import RunProgress, StallWatch, plot
 from rollwire.run.recipe import RunRecipe
 from rollwire.run.roles import base_url, torchrun
 from rollwire.run.supervisor import RunFailed, Supervisor
-from rollwire.schemas.topics import Topics
 
 
 @dataclass
@@ -66,7 +65,7 @@ def resolve(recipe: RunRecipe) -> Path:
             if service.port == 0:
                 service.port = free_port()
         feedback.gateway.upstream = base_url(recipe)
-        feedback.gateway.model = recipe.inference.served_model_name
+        feedback.gateway.model = recipe.identity.policy
     path = recipe.run_dir / "recipe.json"
     path.write_text(recipe.model_dump_json(indent=1))
     return path
@@ -110,7 +109,7 @@ def prepare(recipe: RunRecipe, console: Console | None = None) -> Path:
     recipe_json = resolve(recipe)
     prepare_model(recipe, console or Console(soft_wrap=True))
     with open_log(recipe.bus) as log:
-        log.create_topics(catalog_topics(Topics(recipe.topic_prefix)))
+        log.create_topics(catalog_topics(recipe.identity.topics))
     return recipe_json
 
 
@@ -141,7 +140,7 @@ def run(recipe: RunRecipe, *, metrics_out: Path | None = None, console: Console 
                   f"{recipe.steps} steps; Ctrl-C stops, the same command resumes)")
     # Step 2
     prepare_model(recipe, console)
-    topics = Topics(recipe.topic_prefix)
+    topics = recipe.identity.topics
     log = open_log(_watching(recipe.bus))
     log.create_topics(catalog_topics(topics))
     launchers = {"trainer": torchrun(recipe.trainer.processes)} if recipe.trainer.processes > 1 else None

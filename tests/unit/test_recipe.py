@@ -77,6 +77,18 @@ def test_overrides_and_kafka_settings(tmp_path):
 ENV = "[[environments]]\nname = 'reverse-digits'\n"
 
 
+def test_the_recipe_owns_the_runs_names_and_every_component_gets_them(tmp_path):
+    path = tmp_path / "r.toml"
+    path.write_text("name = 'exp1'\nprefix = 'exp1-a'\npolicy = 'qwen-mini'\n" + ENV)
+    recipe = load_recipe(path)
+    identity = recipe.identity
+    assert (identity.name, identity.prefix, identity.policy, identity.run_dir) == (
+        "exp1", "exp1-a", "qwen-mini", recipe.run_dir)
+    assert recipe.trainer.policy == recipe.inference.served_model_name == "qwen-mini"
+    assert recipe.group_id("scorer") == identity.group("scorer") == "exp1-a-scorer" == Topics("exp1-a").group("scorer")
+    assert identity.topics.rollouts == "exp1-a.rollouts" and identity.faust_dir == recipe.run_dir / "faust"
+
+
 @pytest.mark.parametrize("text, message", [
     ("steps = 3", "environments: Field required"),
     (ENV + "[trainer]\nlr = -1", "trainer.lr"),
@@ -95,6 +107,8 @@ ENV = "[[environments]]\nname = 'reverse-digits'\n"
     (ENV + "[scorer.group_rewards]\nreverse-digits = [{ name = 'shortest_correct', bonnus = 1 }]",
      "group reward shortest_correct has no option 'bonnus' \\(did you mean 'bonus'\\?\\)"),
     (ENV + "[env_workers]\nruntime = 'docker'", "env_workers.runtime: Input should be 'in-process', 'subprocess' or 'container'"),
+    (ENV + "[trainer]\npolicy = 'mine'", "trainer.policy = 'mine' differs from the run's policy 'policy'.*"
+                                         "set `policy = 'mine'` at the top of the recipe"),
 ])
 def test_bad_recipes_say_what_to_change(tmp_path, text, message):
     path = tmp_path / "bad.toml"
