@@ -49,6 +49,9 @@ test: install lint
 # Lint and types (settings in pyproject.toml): part of `make test`, so part of CI.
 lint: install
 	$(VENV)/bin/ruff check rollwire core schemas producers streams consumers trainer bench tests deploy examples
+	rm -rf .cache/mypy && mkdir -p .cache/mypy/rollwire
+	for d in rollwire/*; do ln -s ../../../$$d .cache/mypy/rollwire/; done
+	for d in core schemas producers streams consumers trainer; do ln -s ../../../$$d .cache/mypy/rollwire/$$d; done
 	$(VENV)/bin/mypy
 
 # The compose stack with every image built on this machine, no registry needed (README: "The stack").

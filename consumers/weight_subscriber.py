@@ -31,7 +31,7 @@ import logging
 import shutil
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -43,7 +43,7 @@ from rollwire.core.weight_versions import CheckpointError, check_compatible, des
 from rollwire.schemas.envelope import Codec
 from rollwire.schemas.errors import SchemaError
 from rollwire.schemas.topics import Topics
-from rollwire.schemas.weights import ReplicaStatus, ServingDecision, WeightsPublished
+from rollwire.schemas.weights import ReplicaState, ReplicaStatus, ServingDecision, WeightsPublished
 
 logger = logging.getLogger(__name__)
 
@@ -272,8 +272,8 @@ class WeightSubscriber:
         for old in folders[: max(0, len(folders) - (self.settings.keep_versions - 1))]:
             shutil.rmtree(old, ignore_errors=True)
 
-    def _report(self, state: str, event: WeightsPublished | None, *, reason: str | None = None,
-                **figures: float) -> ReplicaStatus:
+    def _report(self, state: ReplicaState, event: WeightsPublished | None, *, reason: str | None = None,
+                **figures: Any) -> ReplicaStatus:
         status = ReplicaStatus(replica_id=self.settings.replica_id, state=state,
                                serving_version=self.serving_version,
                                requested_version=event.version if event else None, reason=reason,
@@ -285,7 +285,7 @@ class WeightSubscriber:
         self.producer.flush()
         return status
 
-    def report(self, state: str, reason: str | None = None) -> ReplicaStatus:
+    def report(self, state: ReplicaState, reason: str | None = None) -> ReplicaStatus:
         """Publishes a lifecycle status (`starting`, `serving`, `stopped`, or `failed` with a reason)."""
         return self._report(state, None, reason=reason)
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from rollwire.core.errors import RollwireError
 from rollwire.core.objectstore import ObjectNotFoundError, ObjectStore
 from rollwire.schemas.manifest import MANIFEST_NAME, FileEntry, Manifest, TensorEntry
-from rollwire.schemas.weights import WeightsPublished
+from rollwire.schemas.weights import WeightFormat, WeightsPublished
 
 _CHUNK = 1 << 20
 _PARALLEL_FILES = 4
@@ -102,7 +102,7 @@ def describe(local_dir: Path) -> tuple[list[FileEntry], list[TensorEntry]]:
 
 
 def publish(store: ObjectStore, local_dir: Path, prefix: str, *, policy: str, version: int, step: int,
-            format: str = "full", base_model: str = "") -> Published:
+            format: WeightFormat = "full", base_model: str = "") -> Published:
     """Uploads every file of `local_dir` under `prefix`, then the manifest, and returns its digest."""
     files, tensors = describe(local_dir)
     if not tensors:

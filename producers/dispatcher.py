@@ -29,7 +29,7 @@ dropped as stale.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
@@ -94,7 +94,7 @@ def may_issue(in_flight: int, group_size: int, max_off_policy: int, batch_rollou
 
 
 class Dispatcher:
-    def __init__(self, log: EventLog, topics: Topics, mix: list[tuple[EnvironmentMix, Taskset]],
+    def __init__(self, log: EventLog, topics: Topics, mix: Sequence[tuple[EnvironmentMix, Taskset]],
                  budget: BatchSettings, settings: DispatcherSettings | None = None) -> None:
         if not mix:
             raise ConfigError("the dispatcher needs at least one environment")
@@ -102,6 +102,7 @@ class Dispatcher:
             raise ConfigError("the dispatcher paces work in rollouts: set trainer.batch.batch_rollouts "
                               "(batch_tokens may still cap a step)")
         self.topics, self.mix, self.budget = topics, mix, budget
+        self.batch_rollouts: int = budget.batch_rollouts
         self.settings = settings or DispatcherSettings()
         self.producer = EventProducer(log.producer(), topics, name="dispatcher")
         self.dead_letters = DeadLetters(self.producer, "dispatcher")
@@ -185,7 +186,7 @@ class Dispatcher:
         issued = 0
         while self.fleet_caught_up:
             env = self.rng.choices([e for e, _ in self.mix], weights=[e.weight for e, _ in self.mix])[0]
-            if not may_issue(self.in_flight, env.group_size, self.budget.max_off_policy, self.budget.batch_rollouts):
+            if not may_issue(self.in_flight, env.group_size, self.budget.max_off_policy, self.batch_rollouts):
                 break
             row = next(self.rows[env.name])
             task = TaskAssigned(task_id=row["task_id"], environment=env.name, algorithm=env.algorithm,

@@ -9,6 +9,8 @@ run works exactly as the run's own. (The gateway's and the feedback API's front 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from rollwire.core.bus import EventLog
 from rollwire.core.objectstore import ObjectStore
 from rollwire.producers.dispatcher import DispatcherSettings, EnvironmentMix
@@ -47,7 +49,7 @@ def serve_env_worker(log: EventLog, topics: Topics, tasksets: dict[str, Taskset]
     return worker.published_total
 
 
-def serve_dispatcher(log: EventLog, topics: Topics, mix: list[tuple[EnvironmentMix, Taskset]], budget: BatchSettings,
+def serve_dispatcher(log: EventLog, topics: Topics, mix: Sequence[tuple[EnvironmentMix, Taskset]], budget: BatchSettings,
                      settings: DispatcherSettings, *, max_groups: int | None = None,
                      report_lag_of: list[tuple[str, str]] | None = None) -> int:
     """Issues groups of tasks as the budget allows until Ctrl-C, SIGTERM or `max_groups`; returns

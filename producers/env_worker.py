@@ -63,6 +63,7 @@ from rollwire.producers.tasksets import RolloutView, Taskset
 from rollwire.schemas.base import now_ms
 from rollwire.schemas.errors import EventTooLargeError
 from rollwire.schemas.rollout import (
+    ErrorKind,
     RolloutCompleted,
     RolloutError,
     RolloutTimings,
@@ -171,10 +172,10 @@ def trace_nodes(interceptor: Interceptor, branches: list[int]) -> list[TraceNode
     reply, in order, one chain; a call's branch (from assembly) also marks the messages that led to it."""
     nodes: list[dict] = []
     pending: list[dict] = []  # messages waiting for the branch of the call they lead to
-    for kind, item in interceptor.events:
+    for _, item in interceptor.events:  # ("call", its index) or ("message", the message)
         node = {"node_id": len(nodes), "parent_id": len(nodes) - 1 if nodes else None,
                 "branch": nodes[-1]["branch"] if nodes else 0}
-        if kind == "call":
+        if isinstance(item, int):  # kind "call": the index of the call
             node.update(kind="llm_call", call=interceptor.calls[item],
                         branch=branches[item] if item < len(branches) else 0)
             for message in pending:
@@ -334,7 +335,7 @@ class EnvWorker:
 
     def _traced_rollout(self, parent: Context, task: TaskAssigned, taskset: Taskset, index: int
                         ) -> tuple[RolloutCompleted, TraceRecorded]:
-        attributes = {"rollwire.group_id": task.group_id, "rollwire.environment": task.environment,
+        attributes: dict[str, str | int] = {"rollwire.group_id": task.group_id, "rollwire.environment": task.environment,
                       "rollwire.sample_index": index}
         with telemetry.tracer().start_as_current_span("rollout", context=parent, attributes=attributes) as span:
             rollout, trace = self._rollout(task, taskset, index)
@@ -358,7 +359,7 @@ class EnvWorker:
                 answer = self.runtime.run(taskset.harness, task.task, interceptor,
                                           timeout_s=self.settings.rollout_timeout_s)
         except Exception as exc:  # harness code is user code: report it on the rollout
-            kind = ("too_long" if interceptor.too_long else "inference" if isinstance(exc, VllmError) else
+            kind: ErrorKind = ("too_long" if interceptor.too_long else "inference" if isinstance(exc, VllmError) else
                     "timeout" if isinstance(exc, HarnessTimeout) else
                     "resource_limit" if isinstance(exc, ResourceLimit) else "harness_crash")
             return self._errored(task, index, kind, f"{type(exc).__name__}: {exc}")
@@ -386,7 +387,7 @@ class EnvWorker:
                                       nodes=trace_nodes(interceptor, record.branches))
 
     @staticmethod
-    def _errored(task: TaskAssigned, index: int, kind: str, message: str) -> tuple[RolloutCompleted, TraceRecorded]:
+    def _errored(task: TaskAssigned, index: int, kind: ErrorKind, message: str) -> tuple[RolloutCompleted, TraceRecorded]:
         rollout = RolloutCompleted(rollout_id=rollout_id(task.group_id, index), group_id=task.group_id,
                                    task_id=task.task_id, environment=task.environment, algorithm=task.algorithm,
                                    group_size=task.group_size, sample_index=index,

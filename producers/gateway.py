@@ -43,7 +43,7 @@ from rollwire.producers.releases import ServingPlan
 from rollwire.producers.routing import FleetView, RolloutRoute, Router
 from rollwire.schemas.base import new_id
 from rollwire.schemas.rollout import InferenceCall, SamplingParams
-from rollwire.schemas.serving import ResponseServed
+from rollwire.schemas.serving import Endpoint, ResponseServed
 from rollwire.schemas.topics import Topics
 
 logger = logging.getLogger(__name__)
@@ -181,7 +181,7 @@ class Gateway:
         """Whether any replica it routes to answers."""
         return any(member.control.healthy() for member in self.router.fleet.members())
 
-    def _record(self, *, response_id: str, source: str, conversation_id: str | None, endpoint: str,
+    def _record(self, *, response_id: str, source: str, conversation_id: str | None, endpoint: Endpoint,
                 call: InferenceCall, completion: str, messages: list[dict[str, str]] | None = None,
                 prompt: str | None = None) -> None:
         if self._rng.random() >= self.settings.record_fraction:

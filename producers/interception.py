@@ -16,12 +16,16 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from opentelemetry.trace import SpanKind
 
 from rollwire.consumers.vllm_control import VllmControl
 from rollwire.core import telemetry
 from rollwire.schemas.rollout import InferenceCall, SamplingParams, WeightVersionSpan
+
+if TYPE_CHECKING:
+    from rollwire.producers.routing import RolloutRoute
 
 
 class InferenceGate:
@@ -84,7 +88,7 @@ class RolloutTooLong(RuntimeError):
 class Interceptor:
     """Records one rollout's calls; give each rollout its own."""
 
-    def __init__(self, control: VllmControl, sampling: SamplingParams, *, model: str | None = None,
+    def __init__(self, control: VllmControl | RolloutRoute, sampling: SamplingParams, *, model: str | None = None,
                  gate: InferenceGate | None = None, max_sequence_tokens: int | None = None) -> None:
         self.control, self.sampling, self.model = control, sampling, model
         self.gate = gate or contextlib.nullcontext()

@@ -131,7 +131,9 @@ def _child() -> int:
     """Entry point of the subprocess runtime: run the harness, print `{"answer": ...}` or `{"error": ...}`."""
     try:
         harness = resolve_harness(os.environ["ROLLWIRE_HARNESS"])
-        answer = harness(json.loads(os.environ["ROLLWIRE_TASK"]), EndpointClient(os.environ["ROLLWIRE_MODEL_URL"]))
+        # EndpointClient has the Interceptor's two calls, over HTTP, but no `tools` yet (issue 28)
+        client = EndpointClient(os.environ["ROLLWIRE_MODEL_URL"])
+        answer = harness(json.loads(os.environ["ROLLWIRE_TASK"]), client)  # type: ignore[arg-type]
     except Exception as exc:  # reported to the worker, which marks the rollout errored
         print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
         return 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 import time
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -34,6 +34,8 @@ class Event(BaseModel):
                               ser_json_bytes="base64", val_json_bytes="base64")
 
     SCHEMA_VERSION: ClassVar[int] = 1
+    if TYPE_CHECKING:
+        type: str  # each subclass declares its own `Literal` tag as a field
 
     @classmethod
     def upgrade(cls, payload: dict, from_version: int) -> dict:

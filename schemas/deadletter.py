@@ -16,6 +16,9 @@ RAW_BYTES_KEPT = 256 * 1024
 """The most bytes of the original record a dead letter carries (larger records are truncated)."""
 
 
+DeadLetterStage = Literal["decode", "process"]
+"""Where a record failed: decoding it, or processing the event it holds."""
+
 class DeadLetter(Event):
     """A record that failed decoding, validation or processing, with where it came from and why."""
 
@@ -32,7 +35,7 @@ class DeadLetter(Event):
     """The record's value, truncated to `RAW_BYTES_KEPT` bytes."""
     raw_size: int = Field(default=0, ge=0)
     """The value's full size; larger than `len(raw)` when truncated."""
-    stage: Literal["decode", "process"]
+    stage: DeadLetterStage
     """`decode`: not a valid event; `process`: a valid event the component could not use."""
     error_type: str
     """Class name of the error, e.g. `SchemaVersionTooNewError`."""

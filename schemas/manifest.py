@@ -11,11 +11,10 @@ the `WeightsPublished` event, so a replaced or damaged manifest is refused too.
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import Field
 
 from rollwire.schemas.base import Part, now_ms
+from rollwire.schemas.weights import WeightFormat
 
 MANIFEST_NAME = "manifest.json"
 
@@ -55,7 +54,7 @@ class Manifest(Part):
     """Weight version."""
     step: int = Field(ge=0)
     """Trainer step that produced it."""
-    format: Literal["full", "lora"]
+    format: WeightFormat
     """Full weights, or a LoRA adapter over `base_model`."""
     base_model: str
     """The model these weights belong to (name or path)."""

@@ -83,11 +83,14 @@ class RolloutTimings(Part):
     """Time spent computing rewards and metrics."""
 
 
+ErrorKind = Literal["harness_crash", "timeout", "inference", "reward", "invalid_task", "abandoned", "too_long",
+                    "resource_limit"]
+"""What failed in a rollout (`RolloutError.kind`)."""
+
 class RolloutError(Part):
     """Why a rollout has no usable result. Errored rollouts are published, counted, never trained."""
 
-    kind: Literal["harness_crash", "timeout", "inference", "reward", "invalid_task", "abandoned", "too_long",
-                  "resource_limit"]
+    kind: ErrorKind
     """What failed; `abandoned`: the env worker stopped before the rollout finished; `too_long`: a call
     would have passed the env worker's `max_rollout_tokens`; `resource_limit`: the harness's container
     hit its memory or process limit."""

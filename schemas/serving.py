@@ -13,6 +13,8 @@ from pydantic import Field
 from rollwire.schemas.base import Event, now_ms
 from rollwire.schemas.rollout import InferenceCall
 
+Endpoint = Literal["chat", "completion"]
+"""Which OpenAI endpoint served a response."""
 
 class ResponseServed(Event):
     """One response the serving gateway returned, as the model produced it.
@@ -29,7 +31,7 @@ class ResponseServed(Event):
     """The client's `x-rollwire-conversation-id`, when it sent one."""
     source: str
     """The application that asked (the bearer token's source)."""
-    endpoint: Literal["chat", "completion"]
+    endpoint: Endpoint
     """`/v1/chat/completions` or `/v1/completions`."""
     model: str
     """The model name the client asked for and was served."""

@@ -12,6 +12,8 @@ from pydantic import Field
 
 from rollwire.schemas.base import Event, Part, now_ms
 
+DropReason = Literal["stale", "invalid", "group_timeout", "errored", "duplicate", "unjoinable", "overflow"]
+"""Why rollouts were dropped (`RolloutsDropped.reason`)."""
 
 class Staleness(Part):
     """Policy-version lag of a batch: trainer version minus each sample's oldest sampling version."""
@@ -90,7 +92,7 @@ class RolloutsDropped(Event):
     """The dropped rollouts (for feedback: the feedback ids)."""
     group_id: str | None = None
     """Their group, when all belong to one; None otherwise."""
-    reason: Literal["stale", "invalid", "group_timeout", "errored", "duplicate", "unjoinable", "overflow"]
+    reason: DropReason
     """Why they were dropped."""
     stage: Literal["scorer", "trainer", "feedback joiner"]
     """Which component dropped them."""

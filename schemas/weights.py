@@ -13,6 +13,10 @@ from pydantic import Field, model_validator
 
 from rollwire.schemas.base import Event, now_ms
 
+ReplicaState = Literal["starting", "serving", "reloading", "failed", "stopped"]
+"""What a replica is doing (`ReplicaStatus.state`)."""
+WeightFormat = Literal["full", "lora"]
+"""Whole weights, or a LoRA adapter over the base model."""
 
 class WeightsPublished(Event):
     """A complete, verified-on-write weight version in the object store.
@@ -30,7 +34,7 @@ class WeightsPublished(Event):
     """Trainer step that produced these weights."""
     uri: str
     """Prefix holding the checkpoint, e.g. `s3://bucket/run/v000012/` or `file:///...`."""
-    format: Literal["full", "lora"] = "full"
+    format: WeightFormat = "full"
     """Full weights, or a LoRA adapter over `base_model`."""
     manifest_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     """Hex sha256 of the manifest; subscribers verify the manifest, then every file against it."""
@@ -55,7 +59,7 @@ class ReplicaStatus(Event):
     the event is newer than it instead."""
     replica_id: str
     """Stable name of the replica (host and port, or a configured name)."""
-    state: Literal["starting", "serving", "reloading", "failed", "stopped"]
+    state: ReplicaState
     """Replica state after the change this event reports."""
     serving_version: int | None = None
     """Weight version now served; None before the first load."""

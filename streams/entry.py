@@ -16,7 +16,7 @@ import logging
 from pathlib import Path
 from typing import Literal
 
-from rollwire.core.bus import BusSettings, EventLog
+from rollwire.core.bus import BusSettings, EventLog, KafkaBusSettings
 from rollwire.core.errors import ConfigError
 from rollwire.schemas.topics import Topics
 from rollwire.streams.feedback_join import FeedbackJoinSettings
@@ -43,6 +43,7 @@ def serve_scorer(log: EventLog, topics: Topics, settings: ScorerSettings, *, bus
     returns its counts when it stops (None for faust, which reports only on its topics)."""
     group_id = group_id or topics.group("scorer")
     if choose_driver(bus, driver) == "faust":
+        assert isinstance(bus, KafkaBusSettings)  # choose_driver refuses faust on the embedded log
         from rollwire.streams.faust_app import build_app, run_worker
         run_worker(build_app(_faust_settings(group_id, data_dir), settings, bus=bus, topics=topics),
                    loglevel=loglevel)
@@ -61,6 +62,7 @@ def serve_joiner(log: EventLog, topics: Topics, settings: FeedbackJoinSettings, 
     group_id = group_id or topics.group("joiner")
     joiner = FeedbackJoiner.from_settings(settings)
     if choose_driver(bus, driver) == "faust":
+        assert isinstance(bus, KafkaBusSettings)
         from rollwire.streams.faust_app import run_worker
         from rollwire.streams.faust_joiner import build_app
         run_worker(build_app(_faust_settings(group_id, data_dir), joiner, bus=bus, topics=topics),
@@ -72,7 +74,8 @@ def serve_joiner(log: EventLog, topics: Topics, settings: FeedbackJoinSettings, 
 
 def _faust_settings(group_id: str, data_dir: Path | None):
     from rollwire.streams.faust_app import FaustWorkerSettings
-    return FaustWorkerSettings(app_id=group_id, **({"data_dir": data_dir} if data_dir is not None else {}))
+    settings = FaustWorkerSettings(app_id=group_id)
+    return settings if data_dir is None else settings.model_copy(update={"data_dir": data_dir})
 
 
 def _run_in_process(service, stop_after_idle_s: float | None) -> dict[str, int]:

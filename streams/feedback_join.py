@@ -46,7 +46,7 @@ from rollwire.schemas.feedback import PRODUCTION_GROUP_PREFIX, FeedbackReceived
 from rollwire.schemas.joiner import FeedbackJoinState, PartnerRecord, SourceBaseline
 from rollwire.schemas.rollout import ProductionOrigin, RolloutCompleted, ScoredRollout
 from rollwire.schemas.serving import ResponseServed
-from rollwire.schemas.training import RolloutsDropped
+from rollwire.schemas.training import DropReason, RolloutsDropped
 
 BaselineFn = Callable[[float, int, float], float]
 """`(running mean of the source's ratings, ratings counted, this rating) -> baseline`."""
@@ -303,7 +303,7 @@ class FeedbackJoiner:
         return self._drop(item, "unjoinable", f"{what} without a receipt needs {need}")
 
     @staticmethod
-    def _drop(item: FeedbackReceived, reason: str, detail: str) -> RolloutsDropped:
+    def _drop(item: FeedbackReceived, reason: DropReason, detail: str) -> RolloutsDropped:
         return RolloutsDropped(rollout_ids=[item.feedback_id], group_id=receipt_of(item) or item.feedback_id,
                                reason=reason, stage="feedback joiner", detail=detail, production=True)
 

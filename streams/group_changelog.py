@@ -60,7 +60,8 @@ def writes(group_id: str, before: ScorerGroupState | None, step: Step) -> list[W
     after = step.state
     if after is None:  # a closed group forgotten; any rollout records a crash left go with it
         held = before.group_size if before is not None else 0
-        return [(group_id, None)] + [(rollout_key(group_id, i), None) for i in range(held)]
+        forgotten: list[Write] = [(group_id, None)]
+        return forgotten + [(rollout_key(group_id, i), None) for i in range(held)]
     held_before = before.rollouts if before is not None and before.closed_at_ms is None else []
     if after.closed_at_ms is not None:
         return [(group_id, header(after))] + [(rollout_key(group_id, r.sample_index), None) for r in held_before]

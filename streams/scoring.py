@@ -200,8 +200,8 @@ class GroupScorer:
         mean = sum(finals) / len(finals)
         return [ScoredRollout(rollout=r, algorithm=state.algorithm, group_rewards=b, reward=f,
                               group_reward_mean=mean,
-                              advantage=None if estimator.per_token else v,
-                              token_advantages=v if estimator.per_token else None)
+                              advantage=None if isinstance(v, list) else v,
+                              token_advantages=v if isinstance(v, list) else None)
                 for r, b, f, v in zip(usable, bonuses, finals, values)]
 
     def _teacher_logprobs(self, rollout: RolloutCompleted) -> list[float]:

@@ -23,12 +23,13 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 from rollwire.core.bus import AtOffsets, DeadLetters, Delivery, EventConsumer, EventLog, EventProducer
 from rollwire.schemas.base import now_ms
 from rollwire.schemas.rollout import ScoredRollout
 from rollwire.schemas.topics import Topics
-from rollwire.schemas.training import RolloutsDropped, Staleness
+from rollwire.schemas.training import DropReason, RolloutsDropped, Staleness
 from rollwire.trainer.settings import BatchSettings, ProductionMix
 
 DROP_DETAIL = {
@@ -222,7 +223,7 @@ class BatchConsumer:
     def drops_event(self, drops: dict[str, list[str]]) -> list[RolloutsDropped]:
         values = {"max_off_policy": self.settings.max_off_policy, "max_age_s": self.mix.max_age_s,
                   "max_pending": self.mix.max_pending}
-        return [RolloutsDropped(rollout_ids=ids, reason=key.removesuffix("_production"), stage="trainer",
+        return [RolloutsDropped(rollout_ids=ids, reason=cast(DropReason, key.removesuffix("_production")), stage="trainer",
                                 detail=DROP_DETAIL[key].format(**values), production=key.endswith("_production"))
                 for key, ids in drops.items() if ids]
 

@@ -80,7 +80,7 @@ def batch_fields(batch: Sequence[ScoredRollout]) -> dict:
     """What a `TrainStepCompleted` says of the samples it trained: ids, counts and reward means
     (rewards over environment rollouts: production samples carry ratings, not task rewards)."""
     environment = [s for s in batch if s.production is None] or list(batch)
-    samples = collections.Counter(s.objective for s in batch)
+    samples: collections.Counter[str] = collections.Counter(s.objective for s in batch)
     samples["production"] = len(batch) - len([s for s in batch if s.production is None])
     return {"rollout_ids": [s.rollout.rollout_id for s in batch],
             "reward_mean": sum(s.reward for s in environment) / len(environment) if environment else 0.0,

@@ -61,7 +61,8 @@ def load_policy(settings: ModelSettings, weights: str | None = None):
             from peft import LoraConfig, get_peft_model
         except ImportError as exc:
             raise ConfigError("trainer.model.lora needs peft: pip install 'rollwire[lora]'") from exc
-        model = get_peft_model(model, LoraConfig(r=settings.lora.rank, lora_alpha=settings.lora.alpha,
+        model = get_peft_model(model, LoraConfig(r=settings.lora.rank, lora_alpha=settings.lora.alpha,  # type: ignore[arg-type]  # peft takes a float; its annotation says int
+
                                                  target_modules=settings.lora.target_modules))
     model.train()
     return model

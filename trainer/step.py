@@ -41,6 +41,7 @@ def advantages_of(scored: ScoredRollout) -> list[float]:
     """Per-token advantages, shape [C]: the token advantages, or the sequence advantage repeated."""
     if scored.token_advantages is not None:
         return list(scored.token_advantages)
+    assert scored.advantage is not None, "a ScoredRollout carries advantage or token_advantages"
     return [scored.advantage] * len(scored.rollout.completion_token_ids)
 
 
@@ -70,8 +71,11 @@ class Objectives:
                    preference_weight=feedback.preference_weight)
 
     def loss(self, objective: str) -> tuple[Loss, float]:
-        return {"policy_gradient": (self.policy_gradient, 1.0), "sft": (self.sft, self.sft_weight),
-                "preference": (self.preference, self.preference_weight)}[objective]
+        assert self.sft is not None and self.preference is not None  # set by __post_init__
+        losses_by_objective: dict[str, tuple[Loss, float]] = {
+            "policy_gradient": (self.policy_gradient, 1.0), "sft": (self.sft, self.sft_weight),
+            "preference": (self.preference, self.preference_weight)}
+        return losses_by_objective[objective]
 
 
 METRIC_PREFIX = {"policy_gradient": "", "sft": "sft_", "preference": ""}

@@ -28,7 +28,7 @@ from rollwire.core import telemetry
 from rollwire.core.bus.base import AtOffsets, Consumer, EventLog, Producer, Record
 from rollwire.core.errors import ConfigError
 from rollwire.schemas.base import Event, new_id
-from rollwire.schemas.deadletter import RAW_BYTES_KEPT, DeadLetter
+from rollwire.schemas.deadletter import RAW_BYTES_KEPT, DeadLetter, DeadLetterStage
 from rollwire.schemas.envelope import Codec, Envelope
 from rollwire.schemas.errors import SchemaError
 from rollwire.schemas.topics import Topics
@@ -111,7 +111,7 @@ class EventProducer:
         self._producer.close()
 
 
-def dead_letter_for(record: Record, error: BaseException | str, *, stage: str, component: str) -> DeadLetter:
+def dead_letter_for(record: Record, error: BaseException | str, *, stage: DeadLetterStage, component: str) -> DeadLetter:
     """The dead letter for `record`: its origin, (truncated) bytes and the error; logs a warning."""
     error_type = type(error).__name__ if isinstance(error, BaseException) else "Rejected"
     value = record.value or b""
@@ -129,7 +129,7 @@ class DeadLetters:
         self._producer, self.component = producer, component
         self.count = 0
 
-    def send(self, record: Record, error: BaseException | str, *, stage: str = "process") -> None:
+    def send(self, record: Record, error: BaseException | str, *, stage: DeadLetterStage = "process") -> None:
         letter = dead_letter_for(record, error, stage=stage, component=self.component)
         self._producer.send(self._producer.topics.deadletter, letter, key=record.topic)
         self.count += 1
@@ -144,9 +144,9 @@ class HeldDeadLetters(DeadLetters):
 
     def __init__(self, component: str = "reader") -> None:
         self.component, self.count = component, 0
-        self.held: list[tuple[Record, BaseException | str, str]] = []
+        self.held: list[tuple[Record, BaseException | str, DeadLetterStage]] = []
 
-    def send(self, record: Record, error: BaseException | str, *, stage: str = "process") -> None:
+    def send(self, record: Record, error: BaseException | str, *, stage: DeadLetterStage = "process") -> None:
         self.held.append((record, error, stage))
         self.count += 1
 

@@ -53,7 +53,7 @@ class AdvantageEstimator(ABC):
     """True when samples must carry `teacher_logprobs`."""
 
     @abstractmethod
-    def __call__(self, group: Sequence[GroupSample]) -> list[Advantage]:
+    def __call__(self, group: Sequence[GroupSample]) -> Sequence[Advantage]:
         """One advantage per sample of `group`, in order."""
 
 
