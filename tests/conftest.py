@@ -25,6 +25,7 @@ from rollwire.schemas import Topics
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import docker_engine  # noqa: E402  (tests/, on the path just above)
 
 
 def _deploy_module(name: str, path: str):
@@ -153,6 +154,25 @@ def spans() -> InMemorySpanExporter:
         trace.set_tracer_provider(provider)
     _SPANS.clear()
     return _SPANS
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Starts building the images the session's docker tests need, in the background, now
+    (`docker_engine.Prebuild`); ROLLWIRE_NO_PREBUILD=1 leaves it to the first test that needs them."""
+    if config.option.collectonly or os.environ.get("ROLLWIRE_NO_PREBUILD"):
+        return
+    names: set[str] = set()
+    for item in items:
+        if item.get_closest_marker("stack"):
+            names |= {"debian", "python", "kafka", "s3", "jaeger", "rollwire"}
+        elif item.get_closest_marker("container"):
+            names |= {"debian", "python"}
+    docker_engine.start_prebuild(names)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if docker_engine.PREBUILD is not None:
+        docker_engine.PREBUILD.stop()
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

@@ -121,3 +121,13 @@ def finish(process: subprocess.Popen, timeout_s: float) -> str:
 
 def metrics_rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def processes_of(run_dir: Path) -> list[str]:
+    """Command lines of processes still working on `run_dir` (a component, or its vLLM server)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if str(run_dir) in cmdline and proc.pid != os.getpid():
+            found.append(cmdline)
+    return found

@@ -3,7 +3,8 @@ run's serving gateway with the real `openai` client, posts a rating, a correctio
 on the receipts it got, and the trainer trains them beside the environment's rollouts: each by its
 own objective, each traced from the feedback's POST to the trainer step, linked to the response's
 request. The run holds known secrets (bearer tokens; on Kafka, the S3 store's keys), and none of
-them reaches any of its outputs."""
+them reaches any of its outputs. Its policy is a tied Qwen2 (trained full weight), and garbage lands
+on every topic the roles read while it runs: each record is dead-lettered and the run goes on."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from user_runs import finish, metrics_rows, short_recipe, start_run
+from user_runs import TIED_QWEN2, finish, metrics_rows, processes_of, served_logprob_gaps, short_recipe, start_run
 
 from rollwire.core.bus import Beginning, EmbeddedBusSettings, KafkaBusSettings, open_log
 from rollwire.schemas import Codec, Topics
@@ -42,6 +43,19 @@ endpoint = "{endpoint}"
 bucket = "{bucket}"
 region = "us-east-1"
 """
+
+
+GARBAGE_ON = ("tasks", "rollouts", "scorer-ticks", "scored", "weights", "fleet", "train", "drops", "served", "feedback")
+"""The topics the run's roles read, each given one record that is no event, on every partition."""
+GARBAGE = b"\xc1 not an event"
+
+
+def _throw_garbage(bus, name: str) -> None:
+    with open_log(bus) as log, log.producer() as producer:  # on every partition: a reader that stops early still meets one
+        for short in GARBAGE_ON:
+            for partition in range(log.partitions(f"{name}.{short}")):
+                producer.send(f"{name}.{short}", GARBAGE, key=b"garbage", partition=partition)
+        producer.flush()
 
 
 def _recipe_json(run_dir: Path, process, timeout_s: float = 300) -> dict:
@@ -84,7 +98,7 @@ def feedback_run(request, tmp_path_factory) -> dict:
     name = f"prod{uuid.uuid4().hex[:8]}"
     run_dir = folder / name
     recipe = folder / "prod.toml"
-    recipe.write_text(short_recipe(name, 60) + FEEDBACK)  # stopped once the feedback is trained
+    recipe.write_text(short_recipe(name, 60, tiny=TIED_QWEN2) + FEEDBACK)  # stopped once the feedback is trained
     secrets = {"ROLLWIRE_SERVE_TOKENS": f"shop=serve-{secrets_module.token_urlsafe(24)}",
                "ROLLWIRE_FEEDBACK_TOKENS": f"shop=feedback-{secrets_module.token_urlsafe(24)}"}
     bus, bus_args = None, []
@@ -101,6 +115,8 @@ def feedback_run(request, tmp_path_factory) -> dict:
         gateway, ingest = resolved["feedback"]["gateway"], resolved["feedback"]["ingest"]
         _wait_healthy(f"http://127.0.0.1:{gateway['port']}/healthz", process)
         _wait_healthy(f"http://127.0.0.1:{ingest['port']}/healthz", process)
+        # the feedback is trained after this lands: later steps read past it on every partition
+        _throw_garbage(bus or EmbeddedBusSettings(path=run_dir / "log"), name)
         client = OpenAI(base_url=f"http://127.0.0.1:{gateway['port']}/v1", api_key=serve_token)
         conversation = [{"role": "user", "content": "R:4821>"}]
         receipts = []
@@ -133,6 +149,7 @@ def feedback_run(request, tmp_path_factory) -> dict:
             finish(process, 5)
     (folder / "run.out").write_text(output)
     return {"run_dir": run_dir, "name": name, "bus": bus, "code": process.returncode, "output": output,
+            "leftovers": processes_of(run_dir),
             "receipts": receipts, "posted": posted.json(), "secrets": secrets,
             "s3": request.getfixturevalue("s3_endpoint") if request.param == "kafka" else None}
 
@@ -159,6 +176,33 @@ def test_feedback_from_the_gateways_receipts_is_trained_by_its_own_objective(fee
     assert (pair.rollout.task_id, pair.rejected.task_id) == (feedback_run["receipts"][2], feedback_run["receipts"][1])
     rows = metrics_rows(run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(1, len(steps) + 1))
+
+
+def test_garbage_on_every_topic_is_dead_lettered_and_the_run_goes_on(feedback_run):
+    letters = [e for e in _events(feedback_run, "deadletter") if e.raw == GARBAGE]
+    assert {e.source_topic for e in letters} == {f"{feedback_run['name']}.{t}" for t in GARBAGE_ON}
+    steps = _events(feedback_run, "train")
+    assert [s.step for s in steps] == list(range(1, len(steps) + 1)) and len(steps) >= 3
+    published = [e.version for e in _events(feedback_run, "weights") if e.type == "weights.published"]
+    assert published[:len(steps)] == list(range(1, len(steps) + 1))
+    assert feedback_run["leftovers"] == []  # Ctrl-C stopped every component
+    if feedback_run["bus"] is not None:
+        assert not (feedback_run["run_dir"] / "log").exists()  # on Kafka nothing went to the embedded log
+
+
+def test_the_tied_models_replica_served_each_versions_own_weights(feedback_run):
+    """The reload kept the output layer tied: what the replica sampled on version v is what v's
+    weights give. The Kafka run's weights are in S3: there, every version is in the store."""
+    if feedback_run["bus"] is not None:
+        from rollwire.core.objectstore import S3Store
+        keys = feedback_run["secrets"]
+        store = S3Store(feedback_run["s3"], feedback_run["name"], access_key=keys["AWS_ACCESS_KEY_ID"],
+                        secret_key=keys["AWS_SECRET_ACCESS_KEY"], secure=False, region="us-east-1")
+        assert sum(key.endswith("manifest.json") for key in store.list("policy/")) >= 3
+        return
+    with open_log(EmbeddedBusSettings(path=feedback_run["run_dir"] / "log")) as log:
+        gaps = served_logprob_gaps(log, f"{feedback_run['name']}.rollouts", feedback_run["run_dir"] / "weights")
+    assert len(gaps) >= 3 and max(gaps.values()) < 1e-3, gaps
 
 
 def test_a_feedback_item_is_traced_from_its_post_to_the_trainer_step_and_linked_to_the_served_request(feedback_run):

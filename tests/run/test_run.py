@@ -1,4 +1,5 @@
-"""`rollwire run` end to end: real processes, a real vLLM server, the embedded log and Kafka.
+"""`rollwire run` end to end: real processes, real vLLM servers, the embedded log. (On Kafka, a
+run is the feedback run of `test_feedback_run.py` and the chaos run of `test_chaos.py`.)
 
 A short recipe (a tiny Qwen3 with tied embeddings and a BPE tokenizer; two inference replicas, two
 env workers, a trainer of two torchrun ranks) is run as
@@ -12,7 +13,6 @@ served the next version. The bundled demo itself is run in `test_demo_learns`.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import time
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from user_runs import DEMO_STEPS, TIED_QWEN2, TIED_QWEN3, finish, metrics_rows, recipe_file, served_logprob_gaps, start_run
+from user_runs import DEMO_STEPS, TIED_QWEN3, finish, metrics_rows, processes_of, recipe_file, served_logprob_gaps, start_run
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1800)]  # whole runs, each its own vLLM
 
@@ -44,16 +44,6 @@ def _role_process(parent: subprocess.Popen, role: str, missing_ok: bool = False)
     return None
 
 
-def _processes_of(run_dir: Path) -> list[str]:
-    """Command lines of processes still working on `run_dir` (a component, or its vLLM server)."""
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        cmdline = " ".join(proc.info["cmdline"] or [])
-        if str(run_dir) in cmdline and proc.pid != os.getpid():
-            found.append(cmdline)
-    return found
-
-
 @pytest.fixture(scope="module")
 def interrupted_run(tmp_path_factory) -> dict:
     """Runs 8 steps in two parts: SIGINT after step 3 (the scorer `kill -9`ed before), then a resume;
@@ -73,7 +63,7 @@ def interrupted_run(tmp_path_factory) -> dict:
     first.send_signal(signal.SIGINT)
     first_output = finish(first, 120)
     (folder / "first.out").write_text(first_output)
-    leftovers = _processes_of(run_dir)
+    leftovers = processes_of(run_dir)
     steps_at_interrupt = len(metrics_rows(metrics))
     second = start_run(str(recipe), "--run-dir", str(run_dir))
     second_output = finish(second, 600)
@@ -225,51 +215,6 @@ def test_one_rollout_is_traced_from_the_env_worker_to_the_trainer_step_and_the_n
     # and that version then sampled tokens (calls waiting on the swap start before it ends)
     assert any(s["name"] == "inference generate" and str(version) in s["attributes"]["rollwire.weight_versions"].split(",")
                and s["end_ns"] > reload["end_ns"] for s in spans)
-
-
-GARBAGE_ON = ("tasks", "rollouts", "scorer-ticks", "scored", "weights", "fleet", "train", "drops")
-"""Every topic a component of a run reads while it runs (`traces` and `feedback` have no reader in a
-run; `scorer-state` is read when the scorer starts)."""
-
-
-@pytest.mark.kafka
-def test_the_same_recipe_runs_on_kafka_trains_a_tied_model_and_shrugs_off_garbage_on_every_topic(tmp_path, kafka_bootstrap):
-    from rollwire.core.bus import Beginning, KafkaBusSettings, open_log
-    from rollwire.schemas import Codec
-    name = f"kafkarun{int(time.time() * 1000) % 10**8}"
-    metrics = tmp_path / name / "metrics.jsonl"
-    # Steps after the garbage lands: the trainer holds at most max_off_policy + 1 batches ahead, so
-    # later steps must read past it on every partition of `scored`.
-    recipe = recipe_file(tmp_path, name, steps=8, tiny=TIED_QWEN2)  # a tied Qwen2 trains full weight here
-    done = start_run(str(recipe), "--run-dir", str(tmp_path / name), "--bus", "kafka", "--bootstrap", kafka_bootstrap)
-    with open_log(KafkaBusSettings(bootstrap_servers=kafka_bootstrap)) as log:
-        _wait_for_steps(done, metrics, 1)
-        with log.producer() as producer:  # on every partition: a reader that stops early still meets one
-            for short in GARBAGE_ON:
-                for partition in range(log.partitions(f"{name}.{short}")):
-                    producer.send(f"{name}.{short}", b"\xc1 not an event", key=b"garbage", partition=partition)
-            producer.flush()
-        output = finish(done, 600)
-        assert done.returncode == 0, output
-        assert [r["step"] for r in metrics_rows(metrics)] == list(range(1, 9))
-        assert not (tmp_path / name / "log").exists()  # nothing went to the embedded log
-        events = []
-        with log.reader([f"{name}.train", f"{name}.weights", f"{name}.deadletter"], Beginning()) as reader:
-            deadline = time.monotonic() + 30
-            while (sum(e.type != "dead_letter" for e in events) < 16
-                   or len({e.source_topic for e in events if e.type == "dead_letter"}) < len(GARBAGE_ON)) \
-                    and time.monotonic() < deadline:
-                events += [Codec().decode(r.value).event for r in reader.poll_batch(100, 1.0)
-                           if r.value != b"\xc1 not an event"]
-    assert sorted(e.type for e in events if e.type != "dead_letter") == \
-        ["train.step_completed"] * 8 + ["weights.published"] * 8
-    letters = [e for e in events if e.type == "dead_letter"]
-    assert {e.source_topic for e in letters if e.raw == b"\xc1 not an event"} == {f"{name}.{t}" for t in GARBAGE_ON}
-    assert _processes_of(tmp_path / name) == []
-    # the tied model's replica served each version's own weights (the reload kept the output layer tied)
-    with open_log(KafkaBusSettings(bootstrap_servers=kafka_bootstrap)) as log:
-        gaps = served_logprob_gaps(log, f"{name}.rollouts", tmp_path / name / "weights")
-    assert len(gaps) >= 4 and max(gaps.values()) < 1e-3, gaps
 
 
 def test_demo_learns(demo_run, capsys):
