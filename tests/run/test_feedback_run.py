@@ -46,7 +46,8 @@ region = "us-east-1"
 
 
 GARBAGE_ON = ("tasks", "rollouts", "scorer-ticks", "scored", "weights", "fleet", "train", "drops", "served", "feedback")
-"""The topics the run's roles read, each given one record that is no event, on every partition."""
+"""The topics the run's roles read, each given one record that is no event, on every partition
+(`scorer-ticks` is read by the faust scorer only: on Kafka)."""
 GARBAGE = b"\xc1 not an event"
 
 
@@ -86,7 +87,7 @@ def _events(run: dict, topic: str) -> list:
     with open_log(bus) as log, log.reader([f"{run['name']}.{topic}"], Beginning()) as reader:
         out = []
         while batch := reader.poll_batch(1000, 1.0):
-            out += [Codec().decode(r.value).event for r in batch if r.value]
+            out += [Codec().decode(r.value).event for r in batch if r.value and r.value != GARBAGE]
         return out
 
 
@@ -180,7 +181,8 @@ def test_feedback_from_the_gateways_receipts_is_trained_by_its_own_objective(fee
 
 def test_garbage_on_every_topic_is_dead_lettered_and_the_run_goes_on(feedback_run):
     letters = [e for e in _events(feedback_run, "deadletter") if e.raw == GARBAGE]
-    assert {e.source_topic for e in letters} == {f"{feedback_run['name']}.{t}" for t in GARBAGE_ON}
+    read = [t for t in GARBAGE_ON if feedback_run["bus"] is not None or t != "scorer-ticks"]  # faust's ticks
+    assert {e.source_topic for e in letters} == {f"{feedback_run['name']}.{t}" for t in read}
     steps = _events(feedback_run, "train")
     assert [s.step for s in steps] == list(range(1, len(steps) + 1)) and len(steps) >= 3
     published = [e.version for e in _events(feedback_run, "weights") if e.type == "weights.published"]
