@@ -7,7 +7,9 @@ the `Output`s it returns, and store the changelog writes it gathers before commi
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from rollwire.schemas.base import Event
 
@@ -30,3 +32,36 @@ class Applied:
     outputs: list[Output] = field(default_factory=list)
     rejected: str | None = None
     """Why the input is unusable: the driver dead-letters its record with this reason."""
+
+
+S = TypeVar("S")
+
+
+class Held(Generic[S]):
+    """The states a host holds, by key, each read from the driver's store the first time it is
+    needed; None marks a key known absent, or forgotten until its tombstone is written."""
+
+    def __init__(self, load: Callable[[str], S | None]) -> None:
+        self._load = load
+        self._states: dict[str, S | None] = {}
+
+    def get(self, key: str) -> S | None:
+        if key not in self._states:
+            self._states[key] = self._load(key)
+        return self._states[key]
+
+    def put(self, key: str, state: S | None) -> None:
+        self._states[key] = state
+
+    def keys(self) -> list[str]:
+        return list(self._states)
+
+    def alive(self) -> dict[str, S]:
+        """Every state read or made so far and not forgotten."""
+        return {k: s for k, s in self._states.items() if s is not None}
+
+    def written(self, writes: Iterable[tuple[str, object]]) -> None:
+        """After `writes` reached the store: keys whose tombstone is among them leave memory."""
+        for key, record in writes:
+            if record is None and key in self._states and self._states[key] is None:
+                del self._states[key]

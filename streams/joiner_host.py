@@ -38,7 +38,7 @@ from rollwire.schemas.rollout import ScoredRollout
 from rollwire.schemas.serving import ResponseServed
 from rollwire.streams.feedback_join import FeedbackJoiner, JoinStep, receipt_of
 from rollwire.streams.group_changelog import PendingWrites, Write
-from rollwire.streams.host import Output
+from rollwire.streams.host import Held, Output
 
 BASELINE_KEY = "\x00"
 """Before a source's name in a baseline's changelog key (receipts never start with NUL)."""
@@ -93,7 +93,7 @@ class JoinerHost:
     def reset(self, store: ReceiptStore) -> None:
         """Forgets everything decoded (the partitions owned changed); reads from `store` from now on."""
         self._store = store
-        self._held: dict[str, FeedbackJoinState | None] = {}
+        self._held: Held[FeedbackJoinState] = Held(store.receipt)
         self._baselines: dict[int, dict[str, SourceBaseline]] = {}
         self._schedules: dict[int, list[tuple[int, str]]] = {}
 
@@ -132,20 +132,16 @@ class JoinerHost:
         """The changelog writes since the last call, coalesced per key, in order. Receipts forgotten
         are dropped from memory now."""
         out = self._pending.drain()
-        for key, record in out:
-            if record is None and self._held.get(key, ...) is None:
-                self._held.pop(key, None)
+        self._held.written(out)
         return out
 
     # -- state --------------------------------------------------------------------------------
 
     def state(self, receipt: str) -> FeedbackJoinState | None:
-        if receipt not in self._held:
-            self._held[receipt] = self._store.receipt(receipt)
-        return self._held[receipt]
+        return self._held.get(receipt)
 
     def held(self) -> dict[str, FeedbackJoinState]:
-        return {r: s for r, s in self._held.items() if s is not None}
+        return self._held.alive()
 
     def partition_of(self, receipt: str) -> int:
         return partition_for(receipt.encode(), self.partitions)
@@ -159,7 +155,7 @@ class JoinerHost:
     def _schedule_of(self, partition: int) -> list[tuple[int, str]]:
         if partition not in self._schedules:  # the first tick since the reset: one pass over the partition
             receipts = dict.fromkeys(self._store.receipts(partition))
-            receipts.update(dict.fromkeys(r for r in self._held if self.partition_of(r) == partition))
+            receipts.update(dict.fromkeys(r for r in self._held.keys() if self.partition_of(r) == partition))
             self._schedules[partition] = [(FeedbackJoiner.due_ms(s, self.joiner.settings), r)
                                           for r in receipts if (s := self.state(r)) is not None]
             heapq.heapify(self._schedules[partition])
@@ -174,10 +170,10 @@ class JoinerHost:
         before = self.state(receipt)
         if step.state is None:
             if before is not None:
-                self._held[receipt] = None
+                self._held.put(receipt, None)
                 self._pending.add([(receipt, None)])
         elif step.state != before:
-            self._held[receipt] = step.state
+            self._held.put(receipt, step.state)
             self._pending.add([(receipt, step.state)])
             if partition in self._schedules:
                 heapq.heappush(self._schedules[partition], (FeedbackJoiner.due_ms(step.state, self.joiner.settings),

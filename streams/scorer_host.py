@@ -28,7 +28,7 @@ from rollwire.schemas.base import now_ms
 from rollwire.schemas.rollout import RolloutCompleted
 from rollwire.schemas.scorer import ScorerGroupState
 from rollwire.streams import group_changelog
-from rollwire.streams.host import Applied, Output
+from rollwire.streams.host import Applied, Held, Output
 from rollwire.streams.scoring import Deadlines, GroupScorer, OpenGroups, Step, route
 
 
@@ -65,7 +65,7 @@ class ScorerHost:
         """Forgets everything decoded (the partitions owned changed) and reads from `store` from now on.
         Writes not yet taken by `writes()` are kept: they belong to groups still stored."""
         self._store = store
-        self._held: dict[str, ScorerGroupState | None] = {}
+        self._held: Held[ScorerGroupState] = Held(store.group)
         self._deadlines: dict[int, Deadlines] = {}
         self._open: dict[int, OpenGroups] = {}
 
@@ -99,22 +99,18 @@ class ScorerHost:
         """The changelog writes since the last call, coalesced per key, in order: the driver stores
         them before it commits the input's offsets. Groups forgotten are dropped from memory now."""
         out = self._pending.drain()
-        for key, record in out:
-            if record is None and self._held.get(key, ...) is None:
-                self._held.pop(key, None)
+        self._held.written(out)
         return out
 
     # -- state --------------------------------------------------------------------------------
 
     def state(self, group_id: str) -> ScorerGroupState | None:
         """The group as held now (read from the store the first time)."""
-        if group_id not in self._held:
-            self._held[group_id] = self._store.group(group_id)
-        return self._held[group_id]
+        return self._held.get(group_id)
 
     def held(self) -> dict[str, ScorerGroupState]:
         """Every group decoded so far that is still held (open or closed, not yet forgotten)."""
-        return {g: s for g, s in self._held.items() if s is not None}
+        return self._held.alive()
 
     def open_groups(self) -> int:
         """Groups held open now, over every partition read so far."""
@@ -126,7 +122,7 @@ class ScorerHost:
     def _ids_in(self, partition: int) -> list[str]:
         """The groups of `partition`: those stored and those decoded since (a dict keeps them unique)."""
         ids = dict.fromkeys(self._store.group_ids(partition))
-        ids.update(dict.fromkeys(g for g in self._held if self.partition_of(g) == partition))
+        ids.update(dict.fromkeys(g for g in self._held.keys() if self.partition_of(g) == partition))
         return list(ids)
 
     def _due_in(self, partition: int) -> Deadlines:
@@ -169,7 +165,7 @@ class ScorerHost:
             self.stats[event.type] += 1
         self._pending.add(group_changelog.writes(group_id, self.state(group_id), step))
         if step.changed:
-            self._held[group_id] = step.state
+            self._held.put(group_id, step.state)
             partition = self.partition_of(group_id)
             if partition in self._deadlines:
                 self._deadlines[partition].push(group_id, step.state)
