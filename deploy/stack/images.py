@@ -4,6 +4,8 @@
                                               # about 6 min the first time on 2 cores, seconds after
     python deploy/stack/images.py --rebuild   # all of them again (docker's layer cache still applies)
     python deploy/stack/images.py --only rollwire
+    python deploy/stack/images.py --compile-jaeger   # only Jaeger's Go compile (no engine needed): CI
+                                              # starts it in the background before installing
 
 What it builds, each from a source these machines reach (Debian's archive, PyPI, Maven Central,
 the Go module proxy) and tagged with the names deploy/compose.offline.yml uses:
@@ -13,8 +15,9 @@ the Go module proxy) and tagged with the names deploy/compose.offline.yml uses:
     local/python:3.11      Debian's Python on it (deploy/docker/python.Dockerfile)
     local/kafka:4.1.1      Java 17 and the broker jars from Maven (deploy/kafka/Dockerfile)
     local/moto-s3:5        moto's S3 server from PyPI (deploy/s3/Dockerfile)
-    local/jaeger:1.76.0    Jaeger v2 compiled on the host with Go (deploy/jaeger/Dockerfile), in
-                           parallel with the other builds (about 3 min of the total)
+    local/jaeger:1.75.0    Jaeger v2 compiled on the host with Go (deploy/jaeger/Dockerfile), in
+                           parallel with the other builds (8 min of 2 cores from nothing: the
+                           longest build; the module proxy here approves v1.75.0, not later)
     rollwire:latest        the Dockerfile at the root, BASE=local/python:3.11, the CPU torch wheel
                            from $PIP_FIND_LINKS (../shared/wheels here) instead of PyTorch's index
 
@@ -24,6 +27,7 @@ Build logs go to .cache/stack/<image>.log. Needs a running Docker engine (`docke
 from __future__ import annotations
 
 import argparse
+import fcntl
 import glob
 import os
 import re
@@ -39,10 +43,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".cache" / "stack"
 JAEGER_MODULE = "github.com/jaegertracing/jaeger/cmd/jaeger"
-JAEGER_VERSION = "v1.76.0"
+JAEGER_VERSION = "v1.75.0"
 IMAGES = ("debian", "python", "kafka", "s3", "jaeger", "rollwire")
 TAGS = {"debian": "local/debian:bookworm", "python": "local/python:3.11", "kafka": "local/kafka:4.1.1",
-        "s3": "local/moto-s3:5", "jaeger": "local/jaeger:1.76.0", "rollwire": "rollwire:latest"}
+        "s3": "local/moto-s3:5", "jaeger": "local/jaeger:1.75.0", "rollwire": "rollwire:latest"}
 
 
 class BuildError(RuntimeError):
@@ -132,15 +136,22 @@ def build_kafka(log: Path) -> None:
 
 
 def compile_jaeger(log: Path) -> Path:
-    """Jaeger v2 from the Go module proxy, compiled once into .cache/stack/jaeger-build."""
+    """Jaeger v2 from the Go module proxy, compiled once into .cache/stack/jaeger-build; a second
+    caller waits for a compile under way (a lock file) instead of starting its own."""
     work = CACHE / "jaeger-build"
     binary = work / f"jaeger-{JAEGER_VERSION}"
-    if binary.exists():
-        return binary
+    work.mkdir(parents=True, exist_ok=True)
+    with open(work / "compile.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if binary.exists():
+            return binary
+        return _compile_jaeger(work, binary, log)
+
+
+def _compile_jaeger(work: Path, binary: Path, log: Path) -> Path:
     if shutil.which("go") is None:
         raise BuildError("Jaeger is compiled with Go (1.24+): install it, or pull jaegertracing/jaeger where a "
                          "registry is reachable")
-    work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "CGO_ENABLED": "0"}
     if not (work / "go.mod").exists():
         run(["go", "mod", "init", "rollwire.local/jaeger"], log, cwd=work, env=env)
@@ -231,7 +242,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", action="append", choices=IMAGES, help="build only these (repeatable)")
     parser.add_argument("--rebuild", action="store_true", help="build even the images that exist")
+    parser.add_argument("--compile-jaeger", action="store_true",
+                        help="only compile Jaeger (no engine needed), for the image built later")
     args = parser.parse_args(argv)
+    if args.compile_jaeger:
+        CACHE.mkdir(parents=True, exist_ok=True)
+        try:
+            say(f"Jaeger compiled: {compile_jaeger(CACHE / 'jaeger.log')}")
+        except BuildError as exc:
+            print(f"images.py: {exc}", file=sys.stderr)
+            return 1
+        return 0
     names = args.only or list(IMAGES)
     started = time.monotonic()
     try:
