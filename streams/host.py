@@ -7,11 +7,14 @@ the `Output`s it returns, and store the changelog writes it gathers before commi
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from rollwire.core.bus.partitioner import partition_for
 from rollwire.schemas.base import Event
+from rollwire.streams.group_changelog import PendingWrites, Write
 
 
 @dataclass(frozen=True)
@@ -65,3 +68,39 @@ class Held(Generic[S]):
         for key, record in writes:
             if record is None and key in self._states and self._states[key] is None:
                 del self._states[key]
+
+
+class StateHost(Generic[S]):
+    """What the processors' hosts share: the states held by key (`Held`, set by each host's `reset`
+    from its store), the changelog writes pending, the partitions keys hash to, and the counts."""
+
+    _held: Held[S]
+
+    def __init__(self, partitions: int) -> None:
+        self.partitions = partitions
+        self.stats: collections.Counter[str] = collections.Counter()
+        self._pending = PendingWrites()
+
+    def writes(self) -> list[Write]:
+        """The changelog writes since the last call, coalesced per key, in order: the driver stores
+        them before it commits the input's offsets. States forgotten leave memory now."""
+        out = self._pending.drain()
+        self._held.written(out)
+        return out
+
+    def state(self, key: str) -> S | None:
+        """The state under `key` as held now (read from the store the first time)."""
+        return self._held.get(key)
+
+    def held(self) -> dict[str, S]:
+        """Every state read or made so far and not forgotten."""
+        return self._held.alive()
+
+    def partition_of(self, key: str) -> int:
+        return partition_for(key.encode(), self.partitions)
+
+    def _keys_in(self, partition: int, stored: Iterable[str]) -> list[str]:
+        """The keys of `partition`: those stored and those held since (a dict keeps them unique, in order)."""
+        keys = dict.fromkeys(stored)
+        keys.update(dict.fromkeys(k for k in self._held.keys() if self.partition_of(k) == partition))
+        return list(keys)

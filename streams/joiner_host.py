@@ -25,7 +25,6 @@ only, is read as the baseline of the partition its key hashes to).
 
 from __future__ import annotations
 
-import collections
 import heapq
 from collections.abc import Iterable
 from typing import Protocol
@@ -37,8 +36,7 @@ from rollwire.schemas.joiner import FeedbackJoinState, PartnerRecord, SourceBase
 from rollwire.schemas.rollout import ScoredRollout
 from rollwire.schemas.serving import ResponseServed
 from rollwire.streams.feedback_join import FeedbackJoiner, JoinStep, receipt_of
-from rollwire.streams.group_changelog import PendingWrites, Write
-from rollwire.streams.host import Held, Output
+from rollwire.streams.host import Held, Output, StateHost
 
 BASELINE_KEY = "\x00"
 """Before a source's name in a baseline's changelog key (receipts never start with NUL)."""
@@ -82,18 +80,17 @@ class NoReceipts:
         return {}
 
 
-class JoinerHost:
+class JoinerHost(StateHost[FeedbackJoinState]):
     def __init__(self, joiner: FeedbackJoiner, partitions: int, store: ReceiptStore | None = None) -> None:
-        self.joiner, self.partitions = joiner, partitions
-        self.stats: collections.Counter[str] = collections.Counter()
-        """`samples` and `dropped` sent, `duplicates` recognised."""
-        self._pending = PendingWrites()
+        super().__init__(partitions)
+        self.joiner = joiner
+        # `stats` counts `samples` and `dropped` sent, and `duplicates` recognised
         self.reset(store or NoReceipts())
 
     def reset(self, store: ReceiptStore) -> None:
         """Forgets everything decoded (the partitions owned changed); reads from `store` from now on."""
         self._store = store
-        self._held: Held[FeedbackJoinState] = Held(store.receipt)
+        self._held = Held(store.receipt)
         self._baselines: dict[int, dict[str, SourceBaseline]] = {}
         self._schedules: dict[int, list[tuple[int, str]]] = {}
 
@@ -128,23 +125,7 @@ class JoinerHost:
                     outputs += self._apply(receipt, self.joiner.on_tick(state, now=now))
         return outputs
 
-    def writes(self) -> list[Write]:
-        """The changelog writes since the last call, coalesced per key, in order. Receipts forgotten
-        are dropped from memory now."""
-        out = self._pending.drain()
-        self._held.written(out)
-        return out
-
     # -- state --------------------------------------------------------------------------------
-
-    def state(self, receipt: str) -> FeedbackJoinState | None:
-        return self._held.get(receipt)
-
-    def held(self) -> dict[str, FeedbackJoinState]:
-        return self._held.alive()
-
-    def partition_of(self, receipt: str) -> int:
-        return partition_for(receipt.encode(), self.partitions)
 
     def _baselines_of(self, receipt: str) -> dict[str, SourceBaseline]:
         partition = self.partition_of(receipt)
@@ -154,8 +135,7 @@ class JoinerHost:
 
     def _schedule_of(self, partition: int) -> list[tuple[int, str]]:
         if partition not in self._schedules:  # the first tick since the reset: one pass over the partition
-            receipts = dict.fromkeys(self._store.receipts(partition))
-            receipts.update(dict.fromkeys(r for r in self._held.keys() if self.partition_of(r) == partition))
+            receipts = self._keys_in(partition, self._store.receipts(partition))
             self._schedules[partition] = [(FeedbackJoiner.due_ms(s, self.joiner.settings), r)
                                           for r in receipts if (s := self.state(r)) is not None]
             heapq.heapify(self._schedules[partition])

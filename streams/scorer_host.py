@@ -19,16 +19,14 @@ table is recovered only after its partitions are assigned, so nothing is read at
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Iterable
 from typing import Protocol
 
-from rollwire.core.bus.partitioner import partition_for
 from rollwire.schemas.base import now_ms
 from rollwire.schemas.rollout import RolloutCompleted
 from rollwire.schemas.scorer import ScorerGroupState
 from rollwire.streams import group_changelog
-from rollwire.streams.host import Applied, Held, Output
+from rollwire.streams.host import Applied, Held, Output, StateHost
 from rollwire.streams.scoring import Deadlines, GroupScorer, OpenGroups, Step, route
 
 
@@ -52,20 +50,19 @@ class NoGroups:
         return ()
 
 
-class ScorerHost:
+class ScorerHost(StateHost[ScorerGroupState]):
     def __init__(self, scorer: GroupScorer, partitions: int, store: GroupStore | None = None) -> None:
-        self.scorer, self.partitions = scorer, partitions
-        self.stats: collections.Counter[str] = collections.Counter()
-        """Counts of what the host did: `rollout.scored` and `rollouts.dropped` events sent,
-        `dead_lettered`, `duplicates`, `overflow` (groups closed early for `max_open_groups`)."""
-        self._pending = group_changelog.PendingWrites()
+        super().__init__(partitions)
+        self.scorer = scorer
+        # `stats` counts `rollout.scored` and `rollouts.dropped` events sent, `dead_lettered`,
+        # `duplicates`, and `overflow` (groups closed early for `max_open_groups`)
         self.reset(store or NoGroups())
 
     def reset(self, store: GroupStore) -> None:
         """Forgets everything decoded (the partitions owned changed) and reads from `store` from now on.
         Writes not yet taken by `writes()` are kept: they belong to groups still stored."""
         self._store = store
-        self._held: Held[ScorerGroupState] = Held(store.group)
+        self._held = Held(store.group)
         self._deadlines: dict[int, Deadlines] = {}
         self._open: dict[int, OpenGroups] = {}
 
@@ -95,35 +92,14 @@ class ScorerHost:
                     outputs += self._apply(group_id, self.scorer.on_tick(state, now=now))
         return outputs
 
-    def writes(self) -> list[group_changelog.Write]:
-        """The changelog writes since the last call, coalesced per key, in order: the driver stores
-        them before it commits the input's offsets. Groups forgotten are dropped from memory now."""
-        out = self._pending.drain()
-        self._held.written(out)
-        return out
-
     # -- state --------------------------------------------------------------------------------
-
-    def state(self, group_id: str) -> ScorerGroupState | None:
-        """The group as held now (read from the store the first time)."""
-        return self._held.get(group_id)
-
-    def held(self) -> dict[str, ScorerGroupState]:
-        """Every group decoded so far that is still held (open or closed, not yet forgotten)."""
-        return self._held.alive()
 
     def open_groups(self) -> int:
         """Groups held open now, over every partition read so far."""
         return sum(len(o) for o in self._open.values())
 
-    def partition_of(self, group_id: str) -> int:
-        return partition_for(group_id.encode(), self.partitions)
-
     def _ids_in(self, partition: int) -> list[str]:
-        """The groups of `partition`: those stored and those decoded since (a dict keeps them unique)."""
-        ids = dict.fromkeys(self._store.group_ids(partition))
-        ids.update(dict.fromkeys(g for g in self._held.keys() if self.partition_of(g) == partition))
-        return list(ids)
+        return self._keys_in(partition, self._store.group_ids(partition))
 
     def _due_in(self, partition: int) -> Deadlines:
         if partition not in self._deadlines:  # the first need since the reset: one pass over the partition
