@@ -12,6 +12,9 @@ VENV ?= .venv
 EXTRAS ?= dev,kafka,streams,objectstore,serve,otlp
 MODEL_EXTRAS ?= trainer,lora,inference-cpu,datasets,tensorboard,mlflow
 PYTEST_ARGS ?=
+# Two pytest-xdist workers: much of the suite waits on brokers, servers and subprocesses, so two
+# share these 2 cores well; tests/conftest.py groups them (a file, the demo run, the docker tests).
+TEST_WORKERS ?= 2
 RUN_ARGS ?=
 comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS)-$(MODEL_EXTRAS))
@@ -23,18 +26,24 @@ WHEELS := $(wildcard ../shared/wheels)
 ifneq ($(WHEELS),)
 export PIP_FIND_LINKS := $(strip $(PIP_FIND_LINKS) $(abspath $(WHEELS)))
 endif
+# uv installs (pip's resolver and installer took 7 min of a fresh CI run here; uv takes about 1).
+# It reads PIP_FIND_LINKS and PIP_EXTRA_INDEX_URL from these flags, and looks for torch on every
+# index ("unsafe-best-match": the CPU build on PyTorch's index beside the rest on PyPI).
+UV := $(VENV)/bin/uv
+UV_FLAGS := $(foreach d,$(PIP_FIND_LINKS),--find-links $(d)) \
+	$(if $(PIP_EXTRA_INDEX_URL),--extra-index-url $(PIP_EXTRA_INDEX_URL) --index-strategy unsafe-best-match)
 
 .PHONY: install run test lint bench-bus stack stack-down clean
 
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/python -m pip install -q --upgrade pip
-	$(VENV)/bin/python -m pip install -q -e ".[$(EXTRAS)]"
-	$(VENV)/bin/python -m pip install -q -e ".[$(MODEL_EXTRAS)]" 2>&1 | grep -v "^ERROR: pip's dependency resolver\|click" || true
+	$(VENV)/bin/python -m pip install -q uv
+	$(UV) pip install -q --python $(VENV)/bin/python $(UV_FLAGS) -e ".[$(EXTRAS)]"
+	$(UV) pip install -q --python $(VENV)/bin/python $(UV_FLAGS) -e ".[$(MODEL_EXTRAS)]"
 	$(VENV)/bin/python -c "import faust, vllm, torch, confluent_kafka"
 	# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break beside the CPU torch, and a
 	# text model needs none of them (notes/vllm.md).
-	$(VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+	$(UV) pip uninstall -q --python $(VENV)/bin/python torchvision torchaudio torchcodec 2>/dev/null || true
 	touch $@
 
 install: $(STAMP)
@@ -44,7 +53,7 @@ run: install
 
 test: install lint
 	$(VENV)/bin/python deploy/kafka/broker.py fetch >/dev/null
-	$(VENV)/bin/python -m pytest --durations=30 $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest --durations=30 -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
 
 # Lint and types (settings in pyproject.toml): part of `make test`, so part of CI.
 lint: install

@@ -68,7 +68,7 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def mlflow_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real MLflow tracking server for the session (`deploy/mlflow/server.py`: installed once into
-    `.cache/mlflow`, about 2 minutes the first time). With `MLFLOW_TEST_URL` set, that server is used."""
+    `.cache/mlflow`, about 20 s the first time). With `MLFLOW_TEST_URL` set, that server is used."""
     yield from _session_service(tmp_path_factory.mktemp("mlflow-server"), external="MLFLOW_TEST_URL",
                                 script="deploy/mlflow/server.py", error="ServerError",
                                 what="the MLflow server for the mlflow tests", address="url")
@@ -156,18 +156,58 @@ def spans() -> InMemorySpanExporter:
     return _SPANS
 
 
+LANES = ("demo-run", "run", "inference", "integration", "trainer", "docker", "contract", "unit")
+"""The order the test groups are handed to pytest-xdist's workers (`make test` runs two): the
+longest first, the docker tests after the tiers that give their images time to build in the
+background, and the many short unit tests last, to even out the end."""
+
+
+def _lane(item: pytest.Item) -> str:
+    """The group of tests one worker runs together: a file (its module fixtures run once), all tests
+    of the shared demo run (one run for the session), all docker tests (one engine)."""
+    if item.get_closest_marker("stack") or item.get_closest_marker("container"):
+        return "docker"
+    if "demo_run" in getattr(item, "fixturenames", ()):
+        return "demo-run"
+    return item.nodeid.split("::")[0]
+
+
+def _lane_rank(lane: str) -> int:
+    tier = lane if lane in LANES else lane.split("/")[1] if lane.count("/") > 1 else "unit"
+    return LANES.index(tier) if tier in LANES else len(LANES)
+
+
+def _no_prebuild(config: pytest.Config) -> bool:
+    return bool(config.option.collectonly or os.environ.get("ROLLWIRE_NO_PREBUILD"))
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(session, config, items):
-    """Starts building the images the session's docker tests need, in the background, now
+    """Groups the tests for pytest-xdist's workers (`--dist loadgroup`) and orders the groups (`LANES`);
+    starts building the images the session's docker tests need, in the background, now
     (`docker_engine.Prebuild`); ROLLWIRE_NO_PREBUILD=1 leaves it to the first test that needs them."""
-    if config.option.collectonly or os.environ.get("ROLLWIRE_NO_PREBUILD"):
+    unplaced = [item.nodeid for item in items if (item.get_closest_marker("stack") or item.get_closest_marker(
+        "container")) and not docker_engine.images_for([item.nodeid])]
+    if unplaced:
+        raise pytest.UsageError(f"{unplaced[0]} runs containers but tests/docker_engine.py IMAGES_BY_PATH names no "
+                                "images for its path: add it")
+    lanes = {item.nodeid: _lane(item) for item in items}
+    order = {nodeid: index for index, nodeid in enumerate(lanes)}
+    items.sort(key=lambda item: (_lane_rank(lanes[item.nodeid]), order[item.nodeid]))
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: the controller builds the images
+        for item in items:
+            item.add_marker(pytest.mark.xdist_group(lanes[item.nodeid]))
         return
-    names: set[str] = set()
-    for item in items:
-        if item.get_closest_marker("stack"):
-            names |= {"debian", "python", "kafka", "s3", "jaeger", "rollwire"}
-        elif item.get_closest_marker("container"):
-            names |= {"debian", "python"}
-    docker_engine.start_prebuild(names)
+    if not _no_prebuild(config):
+        docker_engine.start_prebuild(docker_engine.images_for(item.nodeid for item in items))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    """In pytest-xdist's controller, which outlives its workers: the engine and the image prebuild
+    for the session (a worker's docker test waits for them through `images.py`'s build lock)."""
+    if not _no_prebuild(node.config):
+        docker_engine.start_prebuild(docker_engine.images_for(ids))
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -209,7 +249,10 @@ def _tier_times(terminalreporter) -> None:
     if seconds:
         rows = ", ".join(f"{tier} {s / 60:.1f} min ({len(tests[tier])})" for tier, s in
                          sorted(seconds.items(), key=lambda item: -item[1]))
-        terminalreporter.write_line(f"time by tier (minutes, tests): {rows}; in all {sum(seconds.values()) / 60:.1f} min")
+        workers = terminalreporter.config.getoption("numprocesses", None)
+        summed = f" (summed over {workers} workers: more than the session's wall time)" if workers else ""
+        terminalreporter.write_line(f"time by tier (minutes, tests){summed}: {rows}; "
+                                    f"in all {sum(seconds.values()) / 60:.1f} min")
 
 
 @pytest.fixture

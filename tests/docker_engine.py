@@ -110,6 +110,18 @@ class Prebuild:
             self.engine_module.stop(self.engine)
 
 
+STACK_IMAGES = ["debian", "python", "kafka", "s3", "jaeger", "rollwire"]
+IMAGES_BY_PATH = {"tests/stack/": STACK_IMAGES, "tests/inference/test_container_runtime.py": ["debian", "python"]}
+"""The images the docker tests under each path need: the prebuild reads this from the tests' ids,
+which is all a pytest-xdist controller sees of them (`tests/conftest.py` checks that every test
+marked `stack` or `container` is under one of these paths)."""
+
+
+def images_for(nodeids) -> set[str]:
+    return {name for nodeid in nodeids for path, names in IMAGES_BY_PATH.items() if nodeid.startswith(path)
+            for name in names}
+
+
 PREBUILD: Prebuild | None = None
 """The session's background build, when its tests need images (started by `tests/conftest.py`)."""
 

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from docker_engine import engine_with_images
+from docker_engine import STACK_IMAGES, engine_with_images
 
 pytestmark = [pytest.mark.stack, pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -97,7 +97,7 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
     # what is missing, and rollwire's from this checkout (layer cache)
-    with engine_with_images(["debian", "python", "kafka", "s3", "jaeger", "rollwire"], "the stack test"):
+    with engine_with_images(STACK_IMAGES, "the stack test"):
         stack = Stack()
         try:
             stack.compose("up", "-d", "--no-build", timeout_s=900)
