@@ -16,15 +16,27 @@ recipe loads, not when the first rollout reaches the code that uses it.
 Every module of `package` is imported on the first lookup, so adding a variant is adding a module.
 Those modules must import nothing heavy at import time (torch is imported by what runs them), so
 that settings can be checked by processes that never load a model.
+
+Variants can live outside rollwire too (`Registry(..., entry_points=GROUP)`):
+
+- an installed package declares them in its pyproject, `[project.entry-points."GROUP"]`, each entry
+  a module (imported: its decorators register) or an object (registered by its `name`);
+- a name may be a reference, `package.module:Object` or `path/to/file.py:Object`; a file holding one
+  variant may be named alone (`envs/sorting.py`). A relative path is read from the current folder.
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.metadata
+import importlib.util
 import inspect
 import pkgutil
+import sys
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from types import ModuleType
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
@@ -63,14 +75,22 @@ class UnknownNameError(ConfigError, KeyError):
         return str(self.args[0])
 
 
+def is_reference(name: str) -> bool:
+    """Whether `name` points at code (`module:Object`, a `.py` file) rather than naming a variant."""
+    return ":" in name or name.endswith(".py")
+
+
 class Registry(Generic[T]):
     """Variants of one kind by name."""
 
-    def __init__(self, kind: str, *, package: str | None = None,
+    def __init__(self, kind: str, *, package: str | None = None, entry_points: str | None = None,
+                 accepts: Callable[[object], bool] | None = None,
                  error: type[UnknownNameError] = UnknownNameError) -> None:
-        self.kind, self._package, self._error = kind, package, error
+        self.kind, self._package, self._group, self._error = kind, package, entry_points, error
+        self._accepts = accepts or (lambda item: True)  # is an object a reference names of this kind?
         self._items: dict[str, T] = {}
-        self._discovered = package is None
+        self._references: dict[str, T] = {}
+        self._discovered = package is None and entry_points is None
 
     def add(self, name: str, item: T) -> T:
         if name in self._items and self._items[name] is not item:
@@ -85,23 +105,75 @@ class Registry(Generic[T]):
         return add
 
     def _discover(self) -> None:
-        if not self._discovered and self._package is not None:
+        if self._discovered:
+            return
+        self._discovered = True
+        if self._package is not None:
             package = importlib.import_module(self._package)
             for module in pkgutil.iter_modules(package.__path__):
                 importlib.import_module(f"{self._package}.{module.name}")
-            self._discovered = True
+        if self._group is not None:
+            for entry in importlib.metadata.entry_points(group=self._group):
+                self._load_entry_point(entry)
+
+    def _load_entry_point(self, entry: importlib.metadata.EntryPoint) -> None:
+        where = f"entry point {entry.name!r} ({entry.value}) of the installed package " \
+                f"{entry.dist.name if entry.dist else '?'} in group {self._group!r}"
+        try:
+            loaded = entry.load()
+        except Exception as exc:
+            raise ConfigError(f"{where} failed to load: {type(exc).__name__}: {exc}; fix that package or "
+                              "uninstall it") from exc
+        if inspect.ismodule(loaded):
+            return  # importing it registered what it holds
+        if not self._accepts(loaded) or not getattr(loaded, "name", None):
+            raise ConfigError(f"{where} is not a {self.kind} with a `name`: point it at one, or at the module "
+                              "that registers them")
+        if loaded not in self._items.values():
+            self.add(str(getattr(loaded, "name")), loaded)  # noqa: B009
 
     def names(self) -> list[str]:
         self._discover()
         return sorted(self._items)
 
     def get(self, name: str) -> T:
-        """The variant registered as `name`; `UnknownNameError` naming the valid ones otherwise."""
+        """The variant registered as `name`, or the one a reference names (`module:Object`,
+        `file.py:Object`, `file.py`); `UnknownNameError` naming the valid ones otherwise."""
         self._discover()
-        try:
+        if name in self._items:
             return self._items[name]
-        except KeyError:
-            raise self._error(self.kind, name, self._items) from None
+        if is_reference(name):
+            if name not in self._references:
+                self._references[name] = self._resolve(name)
+            return self._references[name]
+        raise self._error(self.kind, name, self._items) from None
+
+    def _resolve(self, reference: str) -> T:
+        source, _, attribute = reference.rpartition(":") if ":" in reference else (reference, "", "")
+        if source.endswith(".py"):
+            module = _import_file(source, self.kind)
+        else:
+            try:
+                module = importlib.import_module(source)
+            except ImportError as exc:
+                raise ConfigError(f"{self.kind} {reference!r}: cannot import {source!r} ({exc}); install the package "
+                                  "that holds it, or name a .py file") from exc
+        if attribute:
+            if not hasattr(module, attribute):
+                public = [n for n in vars(module) if not n.startswith("_")]
+                raise ConfigError(f"{self.kind} {reference!r}: {source} has no {attribute!r}"
+                                  f"{_suggestion(attribute, public)}")
+            found = getattr(module, attribute)
+            if not self._accepts(found):
+                raise ConfigError(f"{self.kind} {reference!r}: {attribute} is not a {self.kind}")
+            return found
+        defined = [v for v in vars(module).values() if self._accepts(v) and getattr(v, "__module__", None) ==
+                   module.__name__]
+        if len(defined) != 1:
+            names = ", ".join(getattr(v, "__name__", "?") for v in defined) or "none"
+            raise ConfigError(f"{self.kind} {reference!r}: the file defines {len(defined)} {self.kind}s ({names}); "
+                              f"name one: {reference}:NAME")
+        return defined[0]
 
     def check(self, name: str) -> str:
         """`name`, if registered (a pydantic `AfterValidator`)."""
@@ -111,6 +183,27 @@ class Registry(Generic[T]):
     def __contains__(self, name: object) -> bool:
         self._discover()
         return name in self._items
+
+
+def _import_file(path: str, kind: str) -> ModuleType:
+    """The Python file `path`, imported once per process under a name made from its absolute path."""
+    file = Path(path).resolve()
+    if not file.is_file():
+        raise ConfigError(f"{kind} {path!r}: no such file (relative paths are read from {Path.cwd()})")
+    name = "rollwire_user_" + "".join(c if c.isalnum() else "_" for c in str(file))
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, file)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"{kind} {path!r}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[name]
+        raise ConfigError(f"{kind} {path!r} failed to import: {type(exc).__name__}: {exc}") from exc
+    return module
 
 
 def options_model(fn: Callable[..., Any], *, skip: int = 0) -> type[BaseModel]:

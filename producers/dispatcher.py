@@ -55,7 +55,8 @@ class EnvironmentMix(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     name: Annotated[str, AfterValidator(TASKSETS.check)]
-    """Registered taskset name."""
+    """A taskset: bundled (`reverse-digits`), an installed package's (`rollwire env list`), or a
+    reference, `package.module:Class` or `path/to/file.py[:Class]` (relative to the current folder)."""
     weight: float = Field(default=1.0, gt=0)
     """Share of groups drawn from this environment, relative to the others."""
     algorithm: Annotated[str, AfterValidator(ALGORITHMS.check)] = "grpo"

@@ -17,6 +17,7 @@ Group rewards (functions of the whole group) are named here and applied by the s
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import random
@@ -124,7 +125,16 @@ def _call(name: str, fn: Callable[[RolloutView], float], view: RolloutView) -> f
     return value
 
 
-TASKSETS: Registry[type[Taskset]] = Registry("taskset", package="rollwire.producers.environments")
+def _is_taskset(item: object) -> bool:
+    return isinstance(item, type) and issubclass(item, Taskset) and not inspect.isabstract(item)
+
+
+ENTRY_POINTS = "rollwire.environments"
+"""The entry-point group an installed package declares its tasksets in (`rollwire env init` writes one)."""
+
+TASKSETS: Registry[type[Taskset]] = Registry("taskset", package="rollwire.producers.environments",
+                                             entry_points=ENTRY_POINTS, accepts=_is_taskset)
+"""The bundled tasksets, those installed packages declare, and `module:Class` / `file.py` references."""
 
 
 def register_taskset(cls: type[Taskset]) -> type[Taskset]:

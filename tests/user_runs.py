@@ -29,7 +29,7 @@ algorithm = "grpo-nostd"
 group_size = 4
 options = {{ seed = 3 }}
 sampling = {{ temperature = 1.0, max_tokens = 8 }}
-
+{environments}
 [env_workers]
 concurrency = 8
 count = {env_workers}
@@ -65,11 +65,11 @@ TIED_QWEN3 = 'architecture = "qwen3"\ntokenizer = "bpe"\ntie_embeddings = true'
 
 
 def short_recipe(name: str, steps: int, *, replicas: int = 1, env_workers: int = 1, trainer_processes: int = 1,
-                 tiny: str = "") -> str:
-    """The short recipe's text: `replicas` inference replicas, `env_workers`, trainer ranks, and
-    more `[model.tiny]` lines."""
+                 tiny: str = "", environments: str = "") -> str:
+    """The short recipe's text: `replicas` inference replicas, `env_workers`, trainer ranks, more
+    `[model.tiny]` lines, and more `[[environments]]` after reverse-digits."""
     return SHORT.format(name=name, steps=steps, replicas=replicas, env_workers=env_workers,
-                        trainer_processes=trainer_processes, tiny=tiny)
+                        trainer_processes=trainer_processes, tiny=tiny, environments=environments)
 
 
 def served_logprob_gaps(log, rollouts_topic: str, weights_root: Path) -> dict[int, float]:

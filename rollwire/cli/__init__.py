@@ -6,6 +6,7 @@ what the subcommand needs (so `rollwire --help` never loads Kafka, torch or vLLM
     producers.py  dispatch, env-worker
     services.py   score, inference, train
     evaluate.py   eval
+    environments.py  env list, env init, env check (environments people bring)
     run.py        run (the whole loop from a recipe)
     replay.py     replay score, replay train (re-score or retrain a recorded run into shadow topics)
     feedback.py   serve (the serving gateway), feedback serve/import, join (production feedback to samples)
@@ -18,7 +19,7 @@ import argparse
 import logging
 import sys
 
-from rollwire.cli import evaluate, feedback, inspect, logs, producers, releases, replay, run, services
+from rollwire.cli import environments, evaluate, feedback, inspect, logs, producers, releases, replay, run, services
 
 DESCRIPTION = """\
 rollwire: asynchronous RL post-training for LLMs, as an event-sourced streaming system.
@@ -31,6 +32,7 @@ EPILOG = """\
 examples:
   rollwire run                                 the demo: everything on this machine, learning for real
   rollwire topics                              the topic catalog: events, keys, who writes and reads
+  rollwire env init sorting                    a package for your own environment (pip install -e sorting)
   rollwire topics --create --bus kafka --bootstrap 127.0.0.1:9092
   rollwire tail rollouts --log-dir runs/demo/log --since 10m
   rollwire tail deadletter --bus kafka --from-beginning --limit 20
@@ -58,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="OTLP/HTTP traces endpoint for --traces otlp (default: %(default)s)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in (run.add_run, logs.add_topics, logs.add_tail, producers.add_dispatch, producers.add_env_worker,
-                services.add_score, services.add_inference, services.add_train, evaluate.add_evaluate,
+                services.add_score, services.add_inference, services.add_train, evaluate.add_evaluate, environments.add_env,
                 replay.add_replay, inspect.add_inspect, feedback.add_serve, feedback.add_feedback, feedback.add_join,
                 releases.add_promote, releases.add_rollback):
         add(sub)

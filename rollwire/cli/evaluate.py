@@ -19,7 +19,8 @@ def add_evaluate(sub) -> None:
                "  rollwire eval math-word --option path=data/gsm8k_test.jsonl --base-url https://api.example/v1 "
                "--model some-model\n"
                "  rollwire eval reverse-digits --run-dir runs/demo --version policy@150 --version demo-fixed@150 -n 200")
-    evaluate.add_argument("environment", help="registered taskset, e.g. reverse-digits or math-word")
+    evaluate.add_argument("environment", help="a taskset, e.g. reverse-digits or math-word, an installed package's "
+                          "(rollwire env list), or a reference: package.module:Class, file.py[:Class]")
     evaluate.add_argument("--base-url", help="OpenAI-compatible base URL, ending in /v1")
     evaluate.add_argument("--model", action="append", default=[],
                           help="model name the endpoint serves (repeat to compare several: a row each)")
@@ -39,11 +40,18 @@ def add_evaluate(sub) -> None:
     evaluate.set_defaults(run=cmd_eval)
 
 
-def _option_value(text: str):
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
+def parse_options(items: list[str], command: str) -> dict:
+    """`--option KEY=VALUE` items as taskset options; a VALUE that parses as JSON is that value."""
+    options = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"{command}: --option {item!r} needs the form KEY=VALUE")
+        try:
+            options[key] = json.loads(value)
+        except ValueError:
+            options[key] = value
+    return options
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -53,13 +61,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     from rollwire.producers.evaluate import OpenAIEndpoint, evaluate, summary
     from rollwire.producers.tasksets import load_taskset
-    options = {}
-    for item in args.option:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"rollwire eval: --option {item!r} needs the form KEY=VALUE")
-        options[key] = _option_value(value)
-    taskset = load_taskset(args.environment, **options)
+    taskset = load_taskset(args.environment, **parse_options(args.option, "rollwire eval"))
     settings = {"limit": args.limit, "samples": args.samples, "temperature": args.temperature,
                 "max_tokens": args.max_tokens, "concurrency": args.concurrency}
     console = Console(stderr=True)

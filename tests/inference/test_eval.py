@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -100,3 +101,31 @@ def test_several_models_of_one_endpoint_print_a_row_each(vllm_server):
     assert result.returncode == 0, result.stderr[-2000:]
     rows = [json.loads(line) for line in result.stdout.strip().splitlines()[-2:]]
     assert [(r["model"], r["error_rate"]) for r in rows] == [("policy", 0.0), ("no-such-model", 1.0)]
+
+
+def test_env_check_runs_a_file_environment_against_the_model_and_prints_each_rollout(vllm_server, tmp_path):
+    """`rollwire env check` on a taskset a user wrote in a file: loaded by reference, a few rollouts
+    against the real server, each one's reward and metric printed, and the means as JSON."""
+    (tmp_path / "echo_env.py").write_text(
+        "from rollwire.producers.tasksets import Taskset, metric, reward\n\n"
+        "class Echo(Taskset):\n"
+        "    name = 'echo'\n"
+        "    def rows(self):\n"
+        "        for i in range(10):\n"
+        "            yield {'task_id': f'echo-{i}', 'prompt': f'<|bos|>r:{i}{i}>', 'answer': f'{i}{i}'}\n"
+        "    @reward('starts_right')\n"
+        "    def starts_right(self, r):\n"
+        "        return float(r.completion[:1] == r.task['answer'][:1])\n"
+        "    @metric('chars')\n"
+        "    def chars(self, r):\n"
+        "        return float(len(r.completion))\n")
+    result = subprocess.run([sys.executable, "-m", "rollwire.cli", "env", "check", str(tmp_path / "echo_env.py"), "-n",
+                             "3", "--max-tokens", "4", "--base-url", f"{vllm_server.base_url}/v1", "--model", "policy"],
+                            capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "200"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    means = json.loads(result.stdout.strip().splitlines()[-1])
+    assert means["rollouts"] == 3 and means["error_rate"] == 0.0 and 0 < means["chars"] <= 4 * 8
+    assert all(f"echo-{i}" in result.stdout for i in range(3)) and "starts_right" in result.stdout
+    missing = subprocess.run([sys.executable, "-m", "rollwire.cli", "env", "check", "reverse-digit", "--base-url",
+                              f"{vllm_server.base_url}/v1", "--model", "policy"], capture_output=True, text=True)
+    assert missing.returncode != 0 and "did you mean 'reverse-digits'" in missing.stderr

@@ -13,8 +13,10 @@ served the next version. The bundled demo itself is run in `test_demo_learns`.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -44,14 +46,40 @@ def _role_process(parent: subprocess.Popen, role: str, missing_ok: bool = False)
     return None
 
 
+USER_ENVIRONMENT = "adder-from-a-package"
+"""An environment a user wrote as a package of their own (`rollwire env init`), which the run trains
+beside the bundled reverse-digits."""
+
+
+def _install_user_environment(folder: Path) -> dict[str, str]:
+    """`rollwire env init`'s package, built and installed as a user would (pip), into a folder of its
+    own on PYTHONPATH rather than into the shared test environment that other tests list tasksets of;
+    returns the environment to run with. Checks the package's own test passes."""
+    package, site = folder / USER_ENVIRONMENT, folder / "site-packages"
+    subprocess.run([sys.executable, "-m", "rollwire", "env", "init", USER_ENVIRONMENT, "--dir", str(package)],
+                   check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps", "--target",
+                    str(site), str(package)], check=True, capture_output=True)
+    env = {"PYTHONPATH": str(site)}
+    own_test = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(package / "tests")],
+                              capture_output=True, text=True, cwd=package, env={**os.environ, **env})
+    assert own_test.returncode == 0, own_test.stdout[-2000:]
+    return env
+
+
 @pytest.fixture(scope="module")
 def interrupted_run(tmp_path_factory) -> dict:
     """Runs 8 steps in two parts: SIGINT after step 3 (the scorer `kill -9`ed before), then a resume;
-    two inference replicas and two env workers, routed by version, and a trainer of two ranks."""
+    two inference replicas and two env workers, routed by version, and a trainer of two ranks. The
+    run trains reverse-digits and an environment from a package a user made with `rollwire env init`."""
     folder = tmp_path_factory.mktemp("run")
     run_dir, metrics = folder / "short", folder / "short" / "metrics.jsonl"
-    recipe = recipe_file(folder, "short", steps=8, replicas=2, env_workers=2, trainer_processes=2, tiny=TIED_QWEN3)
-    first = start_run(str(recipe), "--run-dir", str(run_dir))
+    env = _install_user_environment(folder)
+    user_environment = f'[[environments]]\nname = "{USER_ENVIRONMENT}"\ngroup_size = 4\noptions = {{ largest = 9 }}\n' \
+                       'sampling = { temperature = 1.0, max_tokens = 4 }\n'
+    recipe = recipe_file(folder, "short", steps=8, replicas=2, env_workers=2, trainer_processes=2, tiny=TIED_QWEN3,
+                         environments=user_environment)
+    first = start_run(str(recipe), "--run-dir", str(run_dir), env=env)
     _wait_for_steps(first, metrics, 1)
     killed = _role_process(first, "scorer")
     killed.kill()  # the supervisor restarts it; its open groups come back from the scorer-state topic
@@ -65,7 +93,7 @@ def interrupted_run(tmp_path_factory) -> dict:
     (folder / "first.out").write_text(first_output)
     leftovers = processes_of(run_dir)
     steps_at_interrupt = len(metrics_rows(metrics))
-    second = start_run(str(recipe), "--run-dir", str(run_dir))
+    second = start_run(str(recipe), "--run-dir", str(run_dir), env=env)
     second_output = finish(second, 600)
     (folder / "second.out").write_text(second_output)
     return {"run_dir": run_dir, "metrics": metrics, "first_code": first.returncode, "first_output": first_output,
@@ -87,6 +115,28 @@ def test_ctrl_c_stops_every_component_and_the_same_command_resumes(interrupted_r
     assert "metric/completion_tokens" in rows[-1] and "reward/exact_match" in rows[-1]
     assert "mean reward first 10 steps" in run["second_output"]
     assert (run["run_dir"] / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_an_environment_from_a_users_package_is_judged_by_its_own_reward_and_trained(interrupted_run):
+    from rollwire.core.bus import Beginning, EmbeddedBusSettings, open_log
+    from rollwire.schemas import Codec
+    scored: dict[str, dict] = {}
+    trained: set[str] = set()
+    with open_log(EmbeddedBusSettings(path=interrupted_run["run_dir"] / "log")) as log:
+        for topic in ("short.scored", "short.train"):
+            with log.reader([topic], Beginning()) as reader:
+                while batch := reader.poll_batch(500, 0.5):
+                    for record in batch:
+                        event = Codec().decode(record.value).event
+                        if topic == "short.scored":
+                            scored[event.rollout.rollout_id] = event
+                        else:
+                            trained |= set(event.rollout_ids)
+    users = [s for s in scored.values() if s.rollout.environment == USER_ENVIRONMENT]
+    assert users and {s.rollout.environment for s in scored.values()} == {"reverse-digits", USER_ENVIRONMENT}
+    assert all(set(s.rollout.rewards) == {"exact_match"} and "completion_tokens" in s.rollout.metrics for s in users)
+    assert all(s.rollout.task_id.startswith(f"{USER_ENVIRONMENT}-") for s in users)  # its own rows
+    assert {s.rollout.rollout_id for s in users} & trained  # its rollouts are in the trainer's steps
 
 
 def test_calls_are_routed_over_both_replicas_and_both_end_on_the_newest_version(interrupted_run):
