@@ -13,7 +13,7 @@ EXTRAS ?= dev,kafka,streams,objectstore,serve,otlp
 MODEL_EXTRAS ?= trainer,lora,inference-cpu,datasets,tensorboard,mlflow
 PYTEST_ARGS ?=
 # Two pytest-xdist workers: much of the suite waits on brokers, servers and subprocesses, so two
-# share these 2 cores well; tests/conftest.py groups them (a file, the demo run, the docker tests).
+# share these 2 cores well. A file at a time goes to a worker, in the order tests/conftest.py sets.
 TEST_WORKERS ?= 2
 RUN_ARGS ?=
 comma := ,
@@ -53,7 +53,7 @@ run: install
 
 test: install lint
 	$(VENV)/bin/python deploy/kafka/broker.py fetch >/dev/null
-	$(VENV)/bin/python -m pytest --durations=30 -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest --durations=30 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # Lint and types (settings in pyproject.toml): part of `make test`, so part of CI.
 lint: install

@@ -157,14 +157,14 @@ def spans() -> InMemorySpanExporter:
 
 
 LANES = ("demo-run", "run", "inference", "integration", "trainer", "docker", "contract", "unit")
-"""The order the test groups are handed to pytest-xdist's workers (`make test` runs two): the
-longest first, the docker tests after the tiers that give their images time to build in the
-background, and the many short unit tests last, to even out the end."""
+"""The order test files are handed to the pytest-xdist workers (`make test` runs two, a file at a
+time: `--dist loadfile`, so that module fixtures run once): the longest first, the docker tests
+after the tiers that give their images time to build in the background, and the many short unit
+tests last, to even out the end. Tests that share a session fixture too costly to run twice (the
+demo run) are in one file."""
 
 
 def _lane(item: pytest.Item) -> str:
-    """The group of tests one worker runs together: a file (its module fixtures run once), all tests
-    of the shared demo run (one run for the session), all docker tests (one engine)."""
     if item.get_closest_marker("stack") or item.get_closest_marker("container"):
         return "docker"
     if "demo_run" in getattr(item, "fixturenames", ()):
@@ -183,8 +183,7 @@ def _no_prebuild(config: pytest.Config) -> bool:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(session, config, items):
-    """Groups the tests for pytest-xdist's workers (`--dist loadgroup`) and orders the groups (`LANES`);
-    starts building the images the session's docker tests need, in the background, now
+    """Orders the tests (`LANES`); starts building the images the session's docker tests need, in the background, now
     (`docker_engine.Prebuild`); ROLLWIRE_NO_PREBUILD=1 leaves it to the first test that needs them."""
     unplaced = [item.nodeid for item in items if (item.get_closest_marker("stack") or item.get_closest_marker(
         "container")) and not docker_engine.images_for([item.nodeid])]
@@ -195,8 +194,6 @@ def pytest_collection_modifyitems(session, config, items):
     order = {nodeid: index for index, nodeid in enumerate(lanes)}
     items.sort(key=lambda item: (_lane_rank(lanes[item.nodeid]), order[item.nodeid]))
     if hasattr(config, "workerinput"):  # a pytest-xdist worker: the controller builds the images
-        for item in items:
-            item.add_marker(pytest.mark.xdist_group(lanes[item.nodeid]))
         return
     if not _no_prebuild(config):
         docker_engine.start_prebuild(docker_engine.images_for(item.nodeid for item in items))

@@ -1,4 +1,4 @@
-"""The shell blocks of the README and the docs, as a test runs them (`tests/run/test_readme.py`).
+"""The shell blocks of the README and the docs, as a test runs them (`tests/run/test_demo.py`).
 
 A fenced block whose language is `bash`, `sh`, `shell` or `console` is a command a reader may
 copy. A `console` block is a transcript: its commands are the lines that start with `$ `, with

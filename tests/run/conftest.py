@@ -1,7 +1,7 @@
 """One run of the bundled demo for the whole session, as the README's `make run` starts it but 60
 steps long, in a workspace laid out as the README's commands expect (`runs/demo`, `examples/`).
-The tests that only read a demo run's outcome share it: whether it learned (`test_run.py`), and
-the README's own command blocks run on it (`test_readme.py`), which name only steps and versions
+The tests that only read a demo run's outcome share it (`test_demo.py`): whether it learned, and
+the README's own command blocks run on it, which name only steps and versions
 that a 60-step demo and the full 150-step one both keep (the demo's retention keeps every 25th).
 
 60 steps prove the same as 150 here: the mean reward of the last 10 steps is far above that of
