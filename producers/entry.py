@@ -9,12 +9,13 @@ run works exactly as the run's own. (The gateway's and the feedback API's front 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from rollwire.core.bus import EventLog
 from rollwire.core.objectstore import ObjectStore
 from rollwire.producers.dispatcher import DispatcherSettings, EnvironmentMix
 from rollwire.producers.env_worker import EnvWorkerSettings
+from rollwire.producers.environment import EnvironmentSetup
 from rollwire.producers.tasksets import Taskset
 from rollwire.schemas.topics import Topics
 from rollwire.trainer.settings import BatchSettings
@@ -22,12 +23,12 @@ from rollwire.trainer.settings import BatchSettings
 
 def serve_env_worker(log: EventLog, topics: Topics, tasksets: dict[str, Taskset], settings: EnvWorkerSettings, *,
                      store: ObjectStore | None, base_url: str | None = None, agent_command: list[str] | None = None,
-                     idle_exit_s: float | None = None) -> int:
+                     idle_exit_s: float | None = None, setups: Mapping[str, EnvironmentSetup] | None = None) -> int:
     """Runs rollouts until Ctrl-C, SIGTERM or `idle_exit_s` without tasks; returns how many it
     published. Model calls go to `base_url` (one vLLM server), else to every replica on `fleet`,
     routed by weight version. `agent_command` runs that program for every rollout instead of the
     taskset's harness (in the rollout's container with the container runtime, where the
-    settings carry it)."""
+    settings carry it). `setups`: each environment's own harness and runtime (a run's recipe)."""
     from rollwire.consumers.vllm_control import VllmControl
     from rollwire.producers.env_worker import EnvWorker
     from rollwire.producers.harnesses import script_harness
@@ -36,7 +37,7 @@ def serve_env_worker(log: EventLog, topics: Topics, tasksets: dict[str, Taskset]
     server = InterceptionServer() if agent_command and settings.runtime != "container" else None
     harness = script_harness(agent_command, server) if server and agent_command else None
     router = Router.single(VllmControl(base_url)) if base_url else Router(FleetView()).follow(log, topics)
-    worker = EnvWorker(log, topics, router, tasksets, settings, harness=harness, store=store)
+    worker = EnvWorker(log, topics, router, tasksets, settings, harness=harness, store=store, setups=setups)
     try:
         worker.run(idle_exit_s=idle_exit_s)
     except KeyboardInterrupt:

@@ -41,7 +41,7 @@ import math
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -54,8 +54,10 @@ from rollwire.core import metrics, telemetry, trace_blobs
 from rollwire.core.bus import CommitFailedError, DeadLetters, Delivery, EventConsumer, EventLog, EventProducer
 from rollwire.core.objectstore import ObjectStore
 from rollwire.producers.assembly import assemble
-from rollwire.producers.harnesses import Harness, HarnessTimeout, ResourceLimit
+from rollwire.producers.environment import EnvironmentSetup
+from rollwire.producers.harnesses import Harness, HarnessTimeout, ResourceLimit, script_harness
 from rollwire.producers.interception import InferenceGate, Interceptor
+from rollwire.producers.interception_server import InterceptionServer
 from rollwire.producers.routing import Router
 from rollwire.producers.runtimes import RUNTIMES, Runtime
 from rollwire.producers.sandbox import Container, ContainerSettings
@@ -193,8 +195,14 @@ def trace_nodes(interceptor: Interceptor, branches: list[int]) -> list[TraceNode
 class EnvWorker:
     def __init__(self, log: EventLog, topics: Topics, control: VllmControl | Router, tasksets: dict[str, Taskset],
                  settings: EnvWorkerSettings | None = None, *, harness: Harness | None = None,
-                 model: str | None = None, store: ObjectStore | None = None) -> None:
+                 model: str | None = None, store: ObjectStore | None = None,
+                 setups: Mapping[str, EnvironmentSetup] | None = None) -> None:
         self.settings = settings or EnvWorkerSettings()
+        self.setups = dict(setups or {})
+        """Per environment, the harness and runtime its recipe entry chose (`rollwire.producers.environment`)."""
+        for name, setup in self.setups.items():
+            if name in tasksets:
+                setup.check(type(tasksets[name]), name)
         self.store = store
         """Where traces too large for one event go (`rollwire.core.trace_blobs`); None sends them without their graph."""
         self.topics, self.tasksets, self.harness, self.model = topics, tasksets, harness, model
@@ -204,8 +212,13 @@ class EnvWorker:
         group = self.settings.group_id or topics.group("env-worker")
         self.consumer = EventConsumer(log.consumer([topics.tasks], group), DeadLetters(self.producer, self.settings.name),
                                       group=group)
-        self.runtime: Runtime = (Container(self.settings.container) if self.settings.runtime == "container"
-                                 else RUNTIMES[self.settings.runtime]())
+        self._runtimes: dict[str, Runtime] = {}
+        """Runtimes by their settings, made when an environment first needs one (`_runner`)."""
+        self._runners: dict[str, Callable[[dict, Interceptor, float], str]] = {}
+        self._grace: dict[str, float] = {}
+        """Per environment, how long past the time limit its runtime may take to end a rollout itself."""
+        self._agent_server: InterceptionServer | None = None
+        self.runtime = self._runtime(self.settings.runtime, self.settings.container)
         self.inference_gate = InferenceGate(self.settings.inference_concurrency, self.settings.inference_window_s,
                                             rollouts=lambda: len(self._slots))
         latency = self.settings.simulated_latency
@@ -277,7 +290,8 @@ class EnvWorker:
             parent = telemetry.context_from_headers(delivery.record.headers)
         record = delivery.record
         job = _Task(delivery, taskset, parent, unpublished=task.group_size)
-        deadline = time.monotonic() + self.settings.rollout_timeout_s + self.runtime.watchdog_grace_s
+        self._runner(task.environment, taskset)  # made here, in order, not by the rollout threads at once
+        deadline = time.monotonic() + self.settings.rollout_timeout_s + self._grace[task.environment]
         with self._lock:
             self._open.setdefault((record.topic, record.partition), {})[record.offset] = job
             slots = [_Slot(job, i, deadline) for i in range(task.group_size)]
@@ -353,11 +367,7 @@ class EnvWorker:
                 delay = self._delay()
             time.sleep(delay)
         try:
-            if self.harness is not None:
-                answer = self.harness(task.task, interceptor)
-            else:
-                answer = self.runtime.run(taskset.harness, task.task, interceptor,
-                                          timeout_s=self.settings.rollout_timeout_s)
+            answer = self._runner(task.environment, taskset)(task.task, interceptor, self.settings.rollout_timeout_s)
         except Exception as exc:  # harness code is user code: report it on the rollout
             kind: ErrorKind = ("too_long" if interceptor.too_long else "inference" if isinstance(exc, VllmError) else
                     "timeout" if isinstance(exc, HarnessTimeout) else
@@ -435,6 +445,41 @@ class EnvWorker:
             return
         self._committed.update(offsets)
 
+    def _runtime(self, name: str, container: ContainerSettings) -> Runtime:
+        key = name + (container.model_dump_json() if name == "container" else "")
+        if key not in self._runtimes:
+            self._runtimes[key] = Container(container) if name == "container" else RUNTIMES[name]()
+        return self._runtimes[key]
+
+    def _runner(self, environment: str, taskset: Taskset) -> Callable[[dict, Interceptor, float], str]:
+        """How a rollout of `environment` runs: the worker's own harness if it was given one (an agent
+        program for every rollout), else the environment's setup over the worker's defaults."""
+        if environment in self._runners:
+            return self._runners[environment]
+        setup = self.setups.get(environment, EnvironmentSetup())
+        runtime_name = setup.runtime or self.settings.runtime
+        container = setup.container or self.settings.container
+        runner: Callable[[dict, Interceptor, float], str]
+        self._grace[environment] = 0.0
+        if self.harness is not None:
+            fixed = self.harness
+            runner = lambda row, interceptor, timeout_s: fixed(row, interceptor)  # noqa: E731
+        elif setup.agent_command and runtime_name != "container":
+            if self._agent_server is None:
+                self._agent_server = InterceptionServer()
+            agent = script_harness(setup.agent_command, self._agent_server, timeout_s=self.settings.rollout_timeout_s)
+            runner = lambda row, interceptor, timeout_s: agent(row, interceptor)  # noqa: E731
+        else:
+            if setup.agent_command:  # the agent program runs in each rollout's container
+                container = container.model_copy(update={"command": setup.agent_command})
+            runtime = self._runtime(runtime_name, container)
+            self._grace[environment] = runtime.watchdog_grace_s
+            harness = setup.harness or taskset.harness
+            runner = lambda row, interceptor, timeout_s: runtime.run(harness, row, interceptor,  # noqa: E731
+                                                                    timeout_s=timeout_s)
+        self._runners[environment] = runner
+        return runner
+
     def close(self, drain_s: float | None = None) -> None:
         """Stops taking tasks, lets in-flight rollouts finish for `drain_s` (default: the setting),
         publishes the rest errored (`abandoned`), commits, and releases everything."""
@@ -458,6 +503,9 @@ class EnvWorker:
                                                    f"finished (in-flight rollouts get drain_s = {drain_s:g} s)"))
             self._commit_published()
         finally:
-            self.runtime.close()
+            for runtime in self._runtimes.values():
+                runtime.close()
+            if self._agent_server is not None:
+                self._agent_server.shutdown()
             self.consumer.close()
             self.producer.close()

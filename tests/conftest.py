@@ -21,9 +21,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from rollwire.core.bus import EmbeddedBusSettings, EventLog, KafkaBusSettings, TopicConfig, open_log
+from rollwire.core.processes import yield_idle_cpu
 from rollwire.schemas import Topics
 
 REPO = Path(__file__).resolve().parent.parent
+yield_idle_cpu()  # two test workers share the cores, with the runs and servers they start
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import docker_engine  # noqa: E402  (tests/, on the path just above)
 

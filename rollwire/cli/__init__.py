@@ -70,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from rollwire.core.errors import RollwireError
-    from rollwire.core.processes import configure_logging, stop_on_sigterm
+    from rollwire.core.processes import configure_logging, stop_on_sigterm, yield_idle_cpu
+    yield_idle_cpu()  # before anything imports torch; every process a command starts inherits it
     configure_logging(logging.DEBUG if args.verbose else logging.INFO, "%(asctime)s %(levelname)s %(name)s: %(message)s")
     stop_on_sigterm()  # commands that own a server (inference, faust's score) install their own handler
     provider = None

@@ -25,9 +25,10 @@ from rollwire.core.objectstore import LocalStoreSettings, StoreSettings
 from rollwire.core.telemetry import TelemetrySettings
 from rollwire.producers.dispatcher import DispatcherSettings, EnvironmentMix
 from rollwire.producers.env_worker import EnvWorkerSettings
+from rollwire.producers.environment import EnvironmentSetup
 from rollwire.producers.feedback_api import FeedbackApiSettings
 from rollwire.producers.gateway import GatewaySettings
-from rollwire.producers.tasksets import check_taskset
+from rollwire.producers.tasksets import TASKSETS, check_taskset
 from rollwire.schemas.topics import GroupRole
 from rollwire.streams.feedback_join import FeedbackJoinSettings
 from rollwire.streams.scoring import ScorerSettings
@@ -85,8 +86,9 @@ class WarmStartRecipe(WarmStartSettings):
     """Environment whose teacher writes the examples; default: the first environment."""
 
 
-class EnvironmentRecipe(EnvironmentMix):
-    """One environment of the run: the dispatcher's mix entry plus the taskset's options."""
+class EnvironmentRecipe(EnvironmentMix, EnvironmentSetup):
+    """One environment of the run: the dispatcher's mix entry, the taskset's options, and the harness
+    and runtime its rollouts run in (`rollwire.producers.environment`)."""
 
     options: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments of the taskset, e.g. `{ seed = 1 }`; checked against the taskset."""
@@ -94,7 +96,11 @@ class EnvironmentRecipe(EnvironmentMix):
     @model_validator(mode="after")
     def _taskset_accepts(self) -> EnvironmentRecipe:
         check_taskset(self.name, self.options)
+        self.check(TASKSETS.get(self.name), self.name)
         return self
+
+    def setup(self) -> EnvironmentSetup:
+        return EnvironmentSetup(**{k: getattr(self, k) for k in EnvironmentSetup.model_fields})
 
 
 class EnvWorkersRecipe(EnvWorkerSettings):

@@ -77,7 +77,8 @@ def run_env_worker(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
     from rollwire.producers.entry import serve_env_worker
     from rollwire.producers.tasksets import load_taskset
     tasksets = {e.name: load_taskset(e.name, **e.options) for e in recipe.environments}
-    serve_env_worker(log, topics, tasksets, recipe.env_workers.for_worker(index), store=open_store(recipe.store))
+    serve_env_worker(log, topics, tasksets, recipe.env_workers.for_worker(index), store=open_store(recipe.store),
+                     setups={e.name: e.setup() for e in recipe.environments})
 
 
 def run_dispatcher(recipe: RunRecipe, log, topics: Topics, index: int) -> None:

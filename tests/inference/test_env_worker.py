@@ -192,3 +192,67 @@ def test_the_env_worker_command_runs_an_agent_program_for_every_rollout(vllm_ser
     rollouts = read(log, topics.rollouts)
     assert [r.error for r in rollouts] == [None, None]
     assert all(0 in r.loss_mask and r.loss_mask[0] == 1 for r in rollouts)  # two sampled turns, tool tokens masked
+
+
+RECORDING_HARNESSES = '''
+import os
+from rollwire.producers.harnesses import chat_harness, completion_harness
+
+def _record(environment):
+    with open(os.environ["WHERE_FILE"], "a") as out:
+        out.write(f"{environment} {os.getpid()}\\n")
+
+def chat(row, client):
+    _record("calculator")
+    return chat_harness(row, client)
+
+def completion(row, client):
+    _record("reverse-digits")
+    return completion_harness(row, client)
+'''
+
+
+def test_one_worker_runs_each_environment_with_the_harness_and_runtime_its_setup_names(
+        vllm_server, tiny_models, version_base, tmp_path, monkeypatch):
+    """Three environments in one worker, as a recipe mixes them: a completion harness in process, a
+    chat harness in a subprocess, and an unmodified agent program; each rollout says which ran it."""
+    import os
+    import sys
+    from pathlib import Path
+
+    from rollwire.producers.environment import EnvironmentSetup
+    vllm_server.control.swap_full_weights(str(tiny_models.base), str(version_base))
+    (tmp_path / "recording_harnesses.py").write_text(RECORDING_HARNESSES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # the subprocess runtime's child imports it too
+    monkeypatch.setenv("WHERE_FILE", str(tmp_path / "where.txt"))
+    log, topics = fresh_log(tmp_path / "log", "mixed")
+    reverse = load_taskset("reverse-digits", seed=4, count=1)
+    calculator = load_taskset("calculator", seed=4, count=1)
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text('{"question": "What is 6 times 7?", "answer": "#### 42"}\n')
+    math_word = load_taskset("math-word", path=str(questions))
+    for name, taskset in (("reverse-digits", reverse), ("calculator", calculator), ("math-word", math_word)):
+        send_tasks(log, topics, name, list(taskset.rows()), group_size=2, max_tokens=8)
+    agent = Path(__file__).resolve().parent.parent / "data" / "agent.py"
+    setups = {"reverse-digits": EnvironmentSetup(harness="recording_harnesses:completion"),
+              "calculator": EnvironmentSetup(harness="recording_harnesses:chat", runtime="subprocess"),
+              "math-word": EnvironmentSetup(agent_command=[sys.executable, str(agent)])}
+    worker = EnvWorker(log, topics, vllm_server.control,
+                       {"reverse-digits": reverse, "calculator": calculator, "math-word": math_word},
+                       EnvWorkerSettings(rollout_timeout_s=120), setups=setups)
+    published = 0
+    for _ in range(60):
+        published += worker.step(timeout_s=1)
+        if published == 6:
+            break
+    worker.close()
+    rollouts = read(log, topics.rollouts)
+    assert published == 6 and [r.error for r in rollouts] == [None] * 6, [r.error for r in rollouts]
+    assert sorted(r.environment for r in rollouts) == ["calculator"] * 2 + ["math-word"] * 2 + ["reverse-digits"] * 2
+    where = [line.split() for line in (tmp_path / "where.txt").read_text().splitlines()]
+    assert sorted(env for env, _ in where) == ["calculator"] * 2 + ["reverse-digits"] * 2
+    assert {int(pid) == os.getpid() for env, pid in where if env == "reverse-digits"} == {True}  # in process
+    assert {int(pid) == os.getpid() for env, pid in where if env == "calculator"} == {False}  # in its subprocess
+    # the agent program's two model calls (a tool result between them) are both in its rollouts
+    assert all(r.loss_mask.count(0) > 0 for r in rollouts if r.environment == "math-word")
