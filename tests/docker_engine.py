@@ -52,10 +52,10 @@ def engine_with_images(names: list[str], purpose: str) -> Iterator[None]:
 class Prebuild:
     """Every image the session's docker tests need, built in the background from the start of the
     session, at low priority, while the other tiers run: the builds are mostly downloads and a Go
-    compile that would otherwise hold the suite for ~11 minutes on a fresh machine. The builder is
-    niced (Jaeger's compile, its child, is most of the work); the engine is not, since the tests'
-    containers run on it while other tests run beside them. It is kept for the session. Phases go
-    in the order the tests need them: the container runtime test's base images first."""
+    compile that would otherwise hold the suite for ~11 minutes on a fresh machine. The builder and
+    the engine are niced (the builds' RUN steps are the engine's children; the docker tests run
+    late, after the builds, `tests/conftest.py` LANES). The engine is kept for the session. Phases
+    go in the order the tests need them: the container runtime test's base images first."""
 
     PHASES = (("debian", "python"), ("kafka", "s3", "jaeger", "rollwire"))
     NICE = 10
@@ -73,7 +73,7 @@ class Prebuild:
 
     def start(self) -> None:
         try:
-            self.engine = self.engine_module.ensure()  # not niced: the tests' containers run on it too
+            self.engine = self.engine_module.ensure(nice=self.NICE)
         except self.engine_module.EngineError as exc:
             self.error = str(exc)  # reported by the first test that needs the engine
             self._finished.set()

@@ -47,8 +47,9 @@ def answering() -> str | None:
     return probe.stdout.strip() if probe.returncode == 0 and probe.stdout.strip() else None
 
 
-def ensure(timeout_s: float = 60.0) -> Engine:
-    """The running engine, or one started now; raises EngineError naming what to install or run."""
+def ensure(timeout_s: float = 60.0, *, nice: int = 0) -> Engine:
+    """The running engine, or one started now (at niceness `nice`: its builds and containers yield
+    the CPU to other work); raises EngineError naming what to install or run."""
     version = answering()
     if version:
         return Engine(version)
@@ -61,7 +62,8 @@ def ensure(timeout_s: float = 60.0) -> Engine:
                           "`python deploy/stack/engine.py start`)")
     STATE.mkdir(parents=True, exist_ok=True)
     log = open(STATE / "dockerd.log", "ab")
-    proc = subprocess.Popen(["dockerd", "-p", str(STATE / "dockerd.pid")], stdout=log, stderr=subprocess.STDOUT,
+    niced = ["nice", "-n", str(nice)] if nice else []
+    proc = subprocess.Popen([*niced, "dockerd", "-p", str(STATE / "dockerd.pid")], stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

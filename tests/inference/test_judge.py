@@ -1,0 +1,66 @@
+"""The LLM judge against a real vLLM server playing the judge: a tiny model trained here to grade
+two answers `Score: 7`, asked through the OpenAI chat API as any judge model would be."""
+
+from __future__ import annotations
+
+import pytest
+
+from rollwire.producers.judges import DEFAULT_RUBRIC, JudgeError, JudgeSettings, LlmJudge
+from rollwire.producers.tasksets import RolloutView, Taskset, reward
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+ANSWERS = ["4", "five"]
+
+
+def grader_model(tokenizer, path):
+    """A tiny model overfitted to answer DEFAULT_RUBRIC for ANSWERS with `Score: 7`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rollwire.trainer.tiny import build_tiny_model
+    build_tiny_model(path, tokenizer, seed=6)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    conversations = [[{"role": "user", "content": DEFAULT_RUBRIC.format(question="2+2?", answer=a)},
+                      {"role": "assistant", "content": "Score: 7"}] for a in ANSWERS]
+    batch = [tokenizer.apply_chat_template(c, tokenize=True)["input_ids"] for c in conversations]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(300):
+        loss = sum(model(input_ids=torch.tensor([ids]), labels=torch.tensor([ids])).loss for ids in batch)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert loss.item() < 0.1, loss.item()
+    model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+def test_a_taskset_reward_asks_the_judge_and_a_judgement_without_a_score_errs_the_rollout(vllm_server, tiny_models,
+                                                                                           version_base, tmp_path):
+    path = grader_model(tiny_models.tokenizer, tmp_path / "grader")
+    vllm_server.control.swap_full_weights(str(path), str(version_base))
+    settings = {"base_url": f"{vllm_server.base_url}/v1", "model": "policy", "max_tokens": 12}
+
+    class Graded(Taskset):
+        name = "graded"
+
+        def __init__(self, judge: dict) -> None:
+            self.grader = LlmJudge(JudgeSettings(**judge))
+
+        def rows(self):
+            yield {"task_id": "t", "question": "2+2?"}
+
+        @reward("judge")
+        def by_judge(self, r: RolloutView) -> float:
+            return self.grader.score(question=r.task["question"], answer=r.completion)
+
+    row = next(Graded(settings).rows())
+    for answer in ANSWERS:
+        judgement = Graded(settings).judge(RolloutView(task=row, completion=answer))
+        assert judgement.error is None and judgement.rewards == {"judge": pytest.approx(0.7)}
+    strict = Graded({**settings, "score_pattern": r"Grade: (\d+)", "retries": 1}).judge(
+        RolloutView(task=row, completion=ANSWERS[0]))
+    assert strict.error is not None and strict.error.kind == "reward"
+    assert "try 2: no score in the reply 'Score: 7" in strict.error.message
+    with pytest.raises(JudgeError, match="HTTP 404"):  # a model the server does not serve
+        LlmJudge(JudgeSettings(**{**settings, "model": "nobody", "retries": 0})).score(question="q", answer="a")
