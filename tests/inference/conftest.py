@@ -29,6 +29,29 @@ class TinyModels:
         return path
 
 
+    def overfitted(self, path: Path, conversations: list[list[dict]], *, seed: int, max_loss: float) -> Path:
+        """A model of this architecture trained on `conversations` (chat messages) until greedy
+        decoding says their assistant turns: a stand-in for a model that really calls a tool or
+        really grades, built in seconds."""
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from rollwire.trainer.tiny import build_tiny_model
+        build_tiny_model(path, self.tokenizer, seed=seed)  # the served architecture; weights trained below
+        model = AutoModelForCausalLM.from_pretrained(path)
+        batch = [torch.tensor([self.tokenizer.apply_chat_template(c, tokenize=True)["input_ids"]])
+                 for c in conversations]
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        for _ in range(300):
+            loss = sum(model(input_ids=ids, labels=ids).loss for ids in batch)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        assert loss.item() < max_loss, loss.item()
+        model.save_pretrained(path, safe_serialization=True)
+        return path
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> TinyModels:
     return TinyModels(tmp_path_factory.mktemp("tiny-models"))

@@ -30,6 +30,18 @@ def fresh_log(path, prefix: str):
     return log, topics
 
 
+def step_until(worker, rollouts: int, *, tries: int) -> int:
+    """Steps `worker` until it has published `rollouts` (or `tries` steps of a second), closes it,
+    and returns how many it published."""
+    published = 0
+    for _ in range(tries):
+        published += worker.step(timeout_s=1)
+        if published == rollouts:
+            break
+    worker.close()
+    return published
+
+
 def send_tasks(log, topics, environment: str, rows, *, group_size: int, max_tokens: int,
                temperature: float = 1.0) -> None:
     """One task per row, as the dispatcher would send it."""
@@ -57,12 +69,7 @@ def test_rollouts_carry_the_sampled_ids_their_rewards_and_errors(vllm_server, ti
 
     worker = EnvWorker(log, topics, vllm_server.control, {"reverse-digits": taskset},
                        EnvWorkerSettings(concurrency=3), harness=harness)
-    published = 0
-    for _ in range(20):
-        published += worker.step(timeout_s=1)
-        if published == 9:
-            break
-    worker.close()
+    step_until(worker, 9, tries=20)
 
     rollouts = read(log, topics.rollouts)
     assert len(rollouts) == 9 and len(read(log, topics.traces)) == 9
@@ -113,30 +120,10 @@ TOOL_CONVERSATION = [{"role": "system", "content": "calc"}, {"role": "user", "co
                      {"role": "assistant", "content": "42"}]
 
 
-def tool_caller(tokenizer, path):
-    """A tiny model overfitted to TOOL_CONVERSATION, so that greedy decoding really calls the tool."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from rollwire.trainer.tiny import build_tiny_model
-    build_tiny_model(path, tokenizer, seed=5)  # the served architecture; weights trained below
-    model = AutoModelForCausalLM.from_pretrained(path)
-    ids = torch.tensor([tokenizer.apply_chat_template(TOOL_CONVERSATION, tokenize=True)["input_ids"]])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    for _ in range(300):
-        loss = model(input_ids=ids, labels=ids).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    assert loss.item() < 0.05, loss.item()
-    model.save_pretrained(path, safe_serialization=True)
-    return path
-
-
 @pytest.mark.parametrize("runtime", ["in-process", "subprocess"])
 def test_a_model_that_calls_the_tool_leaves_a_multi_turn_trace(vllm_server, tiny_models, version_base, tmp_path,
                                                                runtime):
-    model = tool_caller(tiny_models.tokenizer, tmp_path / "tool-caller")
+    model = tiny_models.overfitted(tmp_path / "tool-caller", [TOOL_CONVERSATION], seed=5, max_loss=0.05)
     vllm_server.control.swap_full_weights(str(model), str(version_base))
     log, topics = fresh_log(tmp_path / "log", "tool")
     row = {"task_id": "t1", "reference": 42.0, "messages": TOOL_CONVERSATION[:2]}
@@ -241,12 +228,7 @@ def test_one_worker_runs_each_environment_with_the_harness_and_runtime_its_setup
     worker = EnvWorker(log, topics, vllm_server.control,
                        {"reverse-digits": reverse, "calculator": calculator, "math-word": math_word},
                        EnvWorkerSettings(rollout_timeout_s=120), setups=setups)
-    published = 0
-    for _ in range(60):
-        published += worker.step(timeout_s=1)
-        if published == 6:
-            break
-    worker.close()
+    published = step_until(worker, 6, tries=60)
     rollouts = read(log, topics.rollouts)
     assert published == 6 and [r.error for r in rollouts] == [None] * 6, [r.error for r in rollouts]
     assert sorted(r.environment for r in rollouts) == ["calculator"] * 2 + ["math-word"] * 2 + ["reverse-digits"] * 2

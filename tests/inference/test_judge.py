@@ -13,31 +13,14 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 ANSWERS = ["4", "five"]
 
 
-def grader_model(tokenizer, path):
-    """A tiny model overfitted to answer DEFAULT_RUBRIC for ANSWERS with `Score: 7`."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from rollwire.trainer.tiny import build_tiny_model
-    build_tiny_model(path, tokenizer, seed=6)
-    model = AutoModelForCausalLM.from_pretrained(path)
-    conversations = [[{"role": "user", "content": DEFAULT_RUBRIC.format(question="2+2?", answer=a)},
-                      {"role": "assistant", "content": "Score: 7"}] for a in ANSWERS]
-    batch = [tokenizer.apply_chat_template(c, tokenize=True)["input_ids"] for c in conversations]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    for _ in range(300):
-        loss = sum(model(input_ids=torch.tensor([ids]), labels=torch.tensor([ids])).loss for ids in batch)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    assert loss.item() < 0.1, loss.item()
-    model.save_pretrained(path, safe_serialization=True)
-    return path
+GRADED = [[{"role": "user", "content": DEFAULT_RUBRIC.format(question="2+2?", answer=a)},
+           {"role": "assistant", "content": "Score: 7"}] for a in ANSWERS]
+"""What the tiny judge is trained to say: `Score: 7` for each answer of ANSWERS."""
 
 
 def test_a_taskset_reward_asks_the_judge_and_a_judgement_without_a_score_errs_the_rollout(vllm_server, tiny_models,
                                                                                            version_base, tmp_path):
-    path = grader_model(tiny_models.tokenizer, tmp_path / "grader")
+    path = tiny_models.overfitted(tmp_path / "grader", GRADED, seed=6, max_loss=0.1)
     vllm_server.control.swap_full_weights(str(path), str(version_base))
     settings = {"base_url": f"{vllm_server.base_url}/v1", "model": "policy", "max_tokens": 12}
 
