@@ -29,6 +29,7 @@
     │   ├── HarnessTimeout
     │   └── ResourceLimit      (the harness's container hit its memory or process limit)
     ├── EndpointError          rollwire.producers.evaluate — an evaluated endpoint failed
+    ├── JudgeError             rollwire.producers.judges — an LLM judge gave no score (every try's reason)
     ├── TeacherError           rollwire.streams.teacher — the distillation teacher failed
     └── RunFailed              rollwire.run.supervisor — a component of a run kept failing
 
