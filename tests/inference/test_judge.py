@@ -4,9 +4,10 @@ two answers `Score: 7`, asked through the OpenAI chat API as any judge model wou
 from __future__ import annotations
 
 import pytest
+from judged import JudgedQuestions
 
 from rollwire.producers.judges import DEFAULT_RUBRIC, JudgeError, JudgeSettings, LlmJudge
-from rollwire.producers.tasksets import RolloutView, Taskset, reward
+from rollwire.producers.tasksets import RolloutView
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -24,24 +25,11 @@ def test_a_taskset_reward_asks_the_judge_and_a_judgement_without_a_score_errs_th
     vllm_server.control.swap_full_weights(str(path), str(version_base))
     settings = {"base_url": f"{vllm_server.base_url}/v1", "model": "policy", "max_tokens": 12}
 
-    class Graded(Taskset):
-        name = "graded"
-
-        def __init__(self, judge: dict) -> None:
-            self.grader = LlmJudge(JudgeSettings(**judge))
-
-        def rows(self):
-            yield {"task_id": "t", "question": "2+2?"}
-
-        @reward("judge")
-        def by_judge(self, r: RolloutView) -> float:
-            return self.grader.score(question=r.task["question"], answer=r.completion)
-
-    row = next(Graded(settings).rows())
+    row = next(JudgedQuestions(settings).rows())
     for answer in ANSWERS:
-        judgement = Graded(settings).judge(RolloutView(task=row, completion=answer))
+        judgement = JudgedQuestions(settings).judge(RolloutView(task=row, completion=answer))
         assert judgement.error is None and judgement.rewards == {"judge": pytest.approx(0.7)}
-    strict = Graded({**settings, "score_pattern": r"Grade: (\d+)", "retries": 1}).judge(
+    strict = JudgedQuestions({**settings, "score_pattern": r"Grade: (\d+)", "retries": 1}).judge(
         RolloutView(task=row, completion=ANSWERS[0]))
     assert strict.error is not None and strict.error.kind == "reward"
     assert "try 2: no score in the reply 'Score: 7" in strict.error.message

@@ -9,10 +9,11 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from judged import JudgedQuestions
 from pydantic import ValidationError
 
 from rollwire.producers.judges import JudgeError, JudgeSettings, LlmJudge
-from rollwire.producers.tasksets import RolloutView, Taskset, reward
+from rollwire.producers.tasksets import RolloutView
 
 
 class Scripted:
@@ -90,20 +91,7 @@ def test_an_unreachable_judge_or_a_rubric_asking_for_a_missing_field_is_an_error
 def test_a_taskset_whose_judge_fails_marks_the_rollout_errored_with_the_reason(endpoint):
     server = endpoint("meh", "meh")
 
-    class Judged(Taskset):
-        name = "judged"
-
-        def __init__(self, judge: dict) -> None:
-            self.grader = LlmJudge(JudgeSettings(**judge))
-
-        def rows(self):
-            yield {"task_id": "t", "question": "q"}
-
-        @reward("judge")
-        def by_judge(self, r: RolloutView) -> float:
-            return self.grader.score(question=r.task["question"], answer=r.completion)
-
-    taskset = Judged({"base_url": server.url, "model": "judge", "retries": 1})
+    taskset = JudgedQuestions({"base_url": server.url, "model": "judge", "retries": 1})
     judgement = taskset.judge(RolloutView(task={"task_id": "t", "question": "q"}, completion="a"))
     assert judgement.error is not None and judgement.error.kind == "reward"
     assert "judge raised JudgeError" in judgement.error.message and "no score in the reply 'meh'" in judgement.error.message
