@@ -12,12 +12,10 @@ VENV ?= .venv
 EXTRAS ?= dev,kafka,streams,objectstore,serve,otlp
 MODEL_EXTRAS ?= trainer,lora,inference-cpu,datasets,tensorboard,mlflow
 PYTEST_ARGS ?=
-# pytest-xdist workers (`make test TEST_WORKERS=4` where there are cores to spare): a file at a
-# time goes to a worker, in the order tests/conftest.py sets. 0, one process, is the default: on
-# these 2-core machines the suite is CPU-bound (its runs train and serve models, the stack's images
-# build beside it), and two workers took longer than one (a fresh-clone CI past 35 min was still in
-# the run tier; one process: see README, "the test suite").
-TEST_WORKERS ?= 0
+# pytest-xdist workers, a file at a time (`--dist loadfile`: module fixtures run once): one takes
+# the whole runs, the other the rest (tests/lanes.py). Each tier keeps about one of these 2 cores
+# busy (its processes start, wait, recover), so two lanes fill both. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 RUN_ARGS ?=
 comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS)-$(MODEL_EXTRAS))

@@ -14,9 +14,13 @@ last one, then a random 0-2 s more, then
     vllm                                kill -9 of the vLLM API server (the replica restarts it)
     broker                              kill -9 of the broker; 20-30 s later started again on its data
 
-The run must then finish its steps by itself. From the events (`rollwire inspect run`'s ledger):
-every dispatched rollout trained exactly once, dropped with a reason, or in flight at the end; no
-step number twice; published versions strictly increasing; the replica on the newest version.
+A run on an idle machine can step faster than its components come back: once it is two steps from
+its end with a fault still to come or to recover from, the trainer is held (SIGSTOP; the rest of
+the run goes on) until every fault has recovered, so that the last fault too is survived with steps
+still to train (the time held is printed). The run must then finish its steps by itself. From the
+events (`rollwire inspect run`'s ledger): every dispatched rollout trained exactly once, dropped
+with a reason, or in flight at the end; no step number twice; published versions strictly
+increasing; the replica on the newest version.
 Printed: the faults with how long each component took to come back, the restarts per component
 (the supervisor's, and the replica's of vLLM), the ledger. The last line is `RESULT ...`; the
 exit status is 0 only when every fault fired, the run finished and every promise was kept.
@@ -64,6 +68,9 @@ class Chaos:
         self.broker = local_broker.start(folder / "broker")
         self.faults: list[dict] = []
         self.run: subprocess.Popen | None = None
+        self.held: list[psutil.Process] = []
+        self.held_since: float | None = None
+        self.held_s = 0.0
 
     def start(self) -> None:
         recipe = self.folder / f"{self.name}.toml"
@@ -82,12 +89,40 @@ class Chaos:
     def wait_for_steps(self, steps: int, timeout_s: float = 900) -> None:
         deadline = time.monotonic() + timeout_s
         while self.steps_done() < steps:
+            if self.hold_near_the_end():
+                return  # the trainer is held: no more steps until the faults are over
             if self.run.poll() is not None:
                 raise SystemExit(f"rollwire run ended (code {self.run.returncode}) before step {steps}; "
                                  f"see {self.folder / 'run.out'}")
             if time.monotonic() > deadline:
                 raise SystemExit(f"no step {steps} within {timeout_s:.0f} s; see {self.folder / 'run.out'}")
             time.sleep(0.5)
+
+    def hold_near_the_end(self) -> bool:
+        """Holds the trainer (SIGSTOP, with its ranks) once the run is two steps from its end while
+        faults are still under way; True while it is held."""
+        if self.held_since is None and self.steps_done() >= self.steps - 2:
+            trainer = self.processes().get("trainer-0")
+            if trainer is not None:
+                with contextlib.suppress(psutil.Error):
+                    self.held = [trainer, *trainer.children(recursive=True)]
+                for process in self.held:
+                    with contextlib.suppress(psutil.Error):
+                        process.suspend()
+                self.held_since = time.monotonic()
+                print(f"the trainer is held at step {self.steps_done()} until the faults are over", flush=True)
+        return self.held_since is not None
+
+    def release(self) -> None:
+        """Lets a held trainer go on (one killed meanwhile was restarted unheld)."""
+        if self.held_since is None:
+            return
+        for process in self.held:
+            with contextlib.suppress(psutil.Error):
+                process.resume()
+        self.held_s += time.monotonic() - self.held_since
+        self.held, self.held_since = [], None
+        print(f"the trainer goes on after {self.held_s:.0f} s held", flush=True)
 
     def processes(self) -> dict[str, psutil.Process]:
         """The process each fault kills: a component, or (vllm-N) replica N's vLLM API server."""
@@ -106,7 +141,10 @@ class Chaos:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(self.broker.pid, 0)
             down_s = self.rng.uniform(*self.outage)
-            time.sleep(down_s)
+            back_at = time.monotonic() + down_s
+            while time.monotonic() < back_at:
+                self.hold_near_the_end()
+                time.sleep(min(0.2, max(0.0, back_at - time.monotonic())))
             self.broker = local_broker.start_again(Path(self.broker.run_dir))
             return {"fault": fault, "at_step": at_step, "down_s": round(down_s, 1)}
         victim = self.processes().get(fault)
@@ -122,6 +160,7 @@ class Chaos:
                                  f"see {self.folder / 'run.out'}")
             if time.monotonic() > deadline:
                 raise SystemExit(f"{fault} did not come back within 300 s; see {self.folder / 'run.out'}")
+            self.hold_near_the_end()
             time.sleep(0.2)
         return {"fault": fault, "at_step": at_step, "back_after_s": round(time.monotonic() - killed_at, 1)}
 
@@ -135,6 +174,7 @@ class Chaos:
             record = self.fire(fault)
             self.faults.append(record)
             print(f"fault {len(self.faults)}/{len(order)}: {_describe(record)}", flush=True)
+        self.release()
 
     def finish(self, timeout_s: float = 900) -> int:
         try:
@@ -144,6 +184,7 @@ class Chaos:
             return self.run.wait(timeout=120)
 
     def stop(self) -> None:
+        self.release()
         if self.run is not None and self.run.poll() is None:
             self.run.send_signal(signal.SIGINT)
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -227,7 +268,7 @@ def main() -> int:
 
     from rollwire.run.ledger import render_ledger
     print(f"rollwire run exited with code {code} after {(time.monotonic() - started) / 60:.1f} min; "
-          f"{chaos.steps_done()} steps")
+          f"{chaos.steps_done()} steps" + (f"; the trainer held {chaos.held_s:.0f} s near the end" if chaos.held_s else ""))
     print("restarts: " + ", ".join(f"{name} {per_component.get(name, 0)}" for name in COMPONENTS))
     print(render_ledger(ledger), end="")
     problems = ledger.problems()
@@ -242,7 +283,8 @@ def main() -> int:
                "in_flight": dict(ledger.in_flight), "recorded_again": ledger.recorded_again,
                "trained_twice": len(ledger.trained_twice), "repeated_steps": ledger.repeated_steps,
                "versions": ledger.versions, "replicas": ledger.replicas, "problems": problems,
-               "minutes": round((time.monotonic() - started) / 60, 1), "folder": str(folder)}
+               "minutes": round((time.monotonic() - started) / 60, 1), "trainer_held_s": round(chaos.held_s, 1),
+               "folder": str(folder)}
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1))
     print(f"RESULT steps={figures['steps']} faults={len(chaos.faults)} dispatched={ledger.dispatched} "

@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 yield_idle_cpu()  # two test workers share the cores, with the runs and servers they start
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import docker_engine  # noqa: E402  (tests/, on the path just above)
+import lanes  # noqa: E402
 
 
 def _deploy_module(name: str, path: str):
@@ -158,47 +159,30 @@ def spans() -> InMemorySpanExporter:
     return _SPANS
 
 
-LANES = ("demo-run", "run", "inference", "integration", "trainer", "docker", "contract", "unit")
-"""The order test files are handed to the pytest-xdist workers (`make test` runs two, a file at a
-time: `--dist loadfile`, so that module fixtures run once): the longest first, the docker tests
-after the tiers that give their images time to build in the background, and the many short unit
-tests last, to even out the end. Tests that share a session fixture too costly to run twice (the
-demo run) are in one file."""
-
-
-def _lane(item: pytest.Item) -> str:
-    if item.get_closest_marker("stack") or item.get_closest_marker("container"):
-        return "docker"
-    if "demo_run" in getattr(item, "fixturenames", ()):
-        return "demo-run"
-    return item.nodeid.split("::")[0]
-
-
-def _lane_rank(lane: str) -> int:
-    tier = lane if lane in LANES else lane.split("/")[1] if lane.count("/") > 1 else "unit"
-    return LANES.index(tier) if tier in LANES else len(LANES)
-
-
 def _no_prebuild(config: pytest.Config) -> bool:
     return bool(config.option.collectonly or os.environ.get("ROLLWIRE_NO_PREBUILD"))
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(session, config, items):
-    """Orders the tests (`LANES`); starts building the images the session's docker tests need, in the background, now
+    """Orders the tests (`lanes.LANES`); starts building the images the session's docker tests need, in the background, now
     (`docker_engine.Prebuild`); ROLLWIRE_NO_PREBUILD=1 leaves it to the first test that needs them."""
     unplaced = [item.nodeid for item in items if (item.get_closest_marker("stack") or item.get_closest_marker(
         "container")) and not docker_engine.images_for([item.nodeid])]
     if unplaced:
         raise pytest.UsageError(f"{unplaced[0]} runs containers but tests/docker_engine.py IMAGES_BY_PATH names no "
                                 "images for its path: add it")
-    lanes = {item.nodeid: _lane(item) for item in items}
-    order = {nodeid: index for index, nodeid in enumerate(lanes)}
-    items.sort(key=lambda item: (_lane_rank(lanes[item.nodeid]), order[item.nodeid]))
+    lanes.order(items)
     if hasattr(config, "workerinput"):  # a pytest-xdist worker: the controller builds the images
         return
     if not _no_prebuild(config):
         docker_engine.start_prebuild(docker_engine.images_for(item.nodeid for item in items))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`make test`'s workers: the whole runs on one, the rest on the other (`lanes.TwoLanes`)."""
+    return lanes.make_scheduler(config, log)
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -54,7 +54,7 @@ class Prebuild:
     session, at low priority, while the other tiers run: the builds are mostly downloads and a Go
     compile that would otherwise hold the suite for ~11 minutes on a fresh machine. The builder and
     the engine are niced (the builds' RUN steps are the engine's children; the docker tests run
-    late, after the builds, `tests/conftest.py` LANES). The engine is kept for the session. Phases
+    late, after the builds, `tests/lanes.py` LANES). The engine is kept for the session. Phases
     go in the order the tests need them: the container runtime test's base images first."""
 
     PHASES = (("debian", "python"), ("kafka", "s3", "jaeger", "rollwire"))
