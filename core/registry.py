@@ -39,7 +39,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from rollwire.core.errors import ConfigError
 
@@ -206,16 +206,19 @@ def _import_file(path: str, kind: str) -> ModuleType:
     return module
 
 
-def options_model(fn: Callable[..., Any], *, skip: int = 0) -> type[BaseModel]:
+def options_model(fn: Callable[..., Any], *, skip: int = 0,
+                  descriptions: Mapping[str, str] | None = None) -> type[BaseModel]:
     """A pydantic model of `fn`'s keyword options (its parameters after the first `skip`), with
-    their annotations and defaults; extra keys are refused."""
+    their annotations, defaults and `descriptions`; extra keys are refused."""
     fields: dict[str, Any] = {}
     hints = _hints(fn)
     for parameter in list(inspect.signature(fn).parameters.values())[skip:]:
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
             continue
         default = ... if parameter.default is parameter.empty else parameter.default
-        fields[parameter.name] = (hints.get(parameter.name, Any), default)
+        described = (descriptions or {}).get(parameter.name)
+        fields[parameter.name] = (hints.get(parameter.name, Any),
+                                  Field(default, description=described) if described else default)
     return create_model(f"{getattr(fn, '__name__', 'options')}_options",
                         __config__=ConfigDict(extra="forbid", arbitrary_types_allowed=True), **fields)
 

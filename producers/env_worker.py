@@ -62,6 +62,7 @@ from rollwire.producers.routing import Router
 from rollwire.producers.runtimes import RUNTIMES, Runtime
 from rollwire.producers.sandbox import Container, ContainerSettings
 from rollwire.producers.tasksets import RolloutView, Taskset
+from rollwire.producers.tools import offered_tools
 from rollwire.schemas.base import now_ms
 from rollwire.schemas.errors import EventTooLargeError
 from rollwire.schemas.rollout import (
@@ -474,9 +475,10 @@ class EnvWorker:
                 container = container.model_copy(update={"command": setup.agent_command})
             runtime = self._runtime(runtime_name, container)
             self._grace[environment] = runtime.watchdog_grace_s
-            harness = setup.harness or taskset.harness
-            runner = lambda row, interceptor, timeout_s: runtime.run(harness, row, interceptor,  # noqa: E731
-                                                                    timeout_s=timeout_s)
+            harness, options, offered = setup.harness or taskset.harness, setup.harness_options, type(taskset).tools
+            runner = lambda row, interceptor, timeout_s: runtime.run(  # noqa: E731
+                harness, {**row, "tools": offered_tools(row, offered)} if offered else row, interceptor,
+                timeout_s=timeout_s, options=options)
         self._runners[environment] = runner
         return runner
 

@@ -5,6 +5,7 @@ runtimes; what an entry leaves out is the taskset's harness and the env worker's
     [[environments]]
     name = "calculator"
     harness = "chat"                      # completion, chat, or package.module:function
+    harness_options = { max_turns = 8 }   # keyword options of the harness
     runtime = "subprocess"                # in-process, subprocess, container
 
     [[environments]]
@@ -19,11 +20,12 @@ Pairs that cannot work are refused when the recipe loads, with the reason (`Envi
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from rollwire.core.errors import ConfigError
+from rollwire.core.registry import check_options
 from rollwire.producers.harnesses import HarnessError
 from rollwire.producers.runtimes import resolve_harness
 from rollwire.producers.sandbox import ContainerSettings
@@ -41,6 +43,8 @@ class EnvironmentSetup(BaseModel):
 
     harness: str | None = None
     """`completion`, `chat`, or `package.module:function`; default: the taskset's own."""
+    harness_options: dict[str, Any] = Field(default_factory=dict)
+    """Keyword options of the harness, e.g. `{ max_turns = 8 }` for chat; checked against it at load."""
     runtime: RuntimeName | None = None
     """Where its harness or agent runs; default: the env worker's (`[env_workers] runtime`)."""
     agent_command: list[str] | None = None
@@ -62,12 +66,16 @@ class EnvironmentSetup(BaseModel):
             raise ConfigError(f"{what}: container settings need runtime = \"container\" (runtime is {runtime})")
         if self.agent_command is not None and not self.agent_command:
             raise ConfigError(f"{what}: agent_command is empty: give the program and its arguments")
-        if self.harness is None:
-            return
+        if self.agent_command is not None and self.harness_options:
+            raise ConfigError(f"{what}: harness_options are for a harness; an agent_command takes its own arguments")
         try:
-            resolve_harness(self.harness)
+            harness = resolve_harness(self.harness or taskset.harness)
         except HarnessError as exc:
             raise ConfigError(f"{what}: {exc}") from None
+        if self.harness_options:
+            check_options(f"{what}: harness {self.harness or taskset.harness!r}", harness, self.harness_options, skip=2)
+        if self.harness is None:
+            return
         wants, written_for = ROW_HARNESSES.get(self.harness), ROW_HARNESSES.get(taskset.harness)
         if wants and written_for and wants != written_for:
             raise ConfigError(f"{what}: the {self.harness} harness reads each row's `{wants}`, but taskset "

@@ -2,11 +2,12 @@
 rollout's `Interceptor`, so every sampled token is recorded.
 
     completion   one raw-text completion of the row's `prompt`
-    chat         a multi-turn chat from the row's `messages`, with tools the model calls in the
-                 format of Hermes and Qwen templates, `<tool_call>{"name": ..., "arguments": {...}}
-                 </tool_call>` (the row's `tools` are rendered into the prompt by the chat template),
-                 or as `CALL tool(argument)`; each result comes back as a `tool` message, and a call
-                 that does not parse comes back as an error the model can read
+    chat         a multi-turn chat from the row's `messages`, with tools (`rollwire.producers.tools`)
+                 the model calls in the format of Hermes and Qwen templates, `<tool_call>{"name":
+                 ..., "arguments": {...}}</tool_call>` (the row's `tools` are rendered into the
+                 prompt by the chat template), or as `CALL tool(argument)`; each result comes back as
+                 a `tool` message, and a call that does not parse, a wrong argument or a tool's
+                 failure comes back as an error the model can read; `max_turns` is an option
     script       unmodified agent code in a subprocess that knows only an OpenAI base URL
                  (OPENAI_BASE_URL, OPENAI_API_KEY) and the task (ROLLWIRE_TASK, JSON); the last
                  line it prints is its answer
@@ -16,19 +17,19 @@ A harness returns the final answer text; raising (or a non-zero exit) makes the 
 
 from __future__ import annotations
 
-import ast
 import json
-import operator
 import re
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from rollwire.core.errors import RollwireError
 from rollwire.core.processes import agent_environment, die_with_parent
 from rollwire.core.registry import Registry
 from rollwire.producers.interception import Interceptor
 from rollwire.producers.interception_server import InterceptionServer
+from rollwire.producers.tools import ToolSet
 
 Harness = Callable[[dict, Interceptor], str]
 """`harness(task_row, interceptor) -> final answer text`."""
@@ -53,40 +54,11 @@ def completion_harness(row: dict, interceptor: Interceptor) -> str:
     return interceptor.complete(row["prompt"])
 
 
-def calculator(expression: str) -> str:
-    """Evaluates + - * / and parentheses over numbers; anything else is an error message."""
-    ops = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-           ast.USub: operator.neg}
-
-    def value(node):
-        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
-            return node.value
-        if isinstance(node, ast.BinOp) and type(node.op) in ops:
-            return ops[type(node.op)](value(node.left), value(node.right))
-        if isinstance(node, ast.UnaryOp) and type(node.op) in ops:
-            return ops[type(node.op)](value(node.operand))
-        raise ValueError("only numbers and + - * / ( ) are allowed")
-
-    try:
-        result = value(ast.parse(expression, mode="eval").body)
-    except (ValueError, SyntaxError, ZeroDivisionError) as exc:
-        return f"error: {exc}"
-    return str(int(result) if float(result).is_integer() else result)
-
-
-TOOLS: dict[str, Callable[[str], str]] = {"calculator": calculator}
-"""Tools by name; each takes its one argument as text."""
-TOOL_SCHEMAS: dict[str, dict] = {"calculator": {"type": "function", "function": {
-    "name": "calculator", "description": "Evaluates an arithmetic expression: numbers, + - * / and parentheses.",
-    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}}
-"""OpenAI function schemas of `TOOLS`, rendered into the prompt by templates that take `tools`."""
-
-
 @dataclass(frozen=True)
 class ToolCall:
     name: str
-    argument: str
-    """The tool's one argument as text (a Hermes call's only argument value)."""
+    arguments: dict[str, Any] | str
+    """The call's arguments by name, or (`CALL tool(text)`) the text of the tool's first argument."""
     error: str | None = None
     """Why the call could not be read; the model is told this instead of a result."""
 
@@ -104,36 +76,31 @@ def parse_tool_calls(reply: str) -> list[ToolCall]:
             name, arguments = call["name"], call.get("arguments", {})
             if isinstance(arguments, str):  # some models write the arguments as a JSON string
                 arguments = json.loads(arguments)
-            if not isinstance(name, str) or not isinstance(arguments, dict) or len(arguments) > 1:
-                raise ValueError("want {\"name\": TOOL, \"arguments\": {PARAMETER: VALUE}}")
-            calls.append(ToolCall(name, str(next(iter(arguments.values()), ""))))
+            if not isinstance(name, str) or not isinstance(arguments, dict):
+                raise ValueError("want {\"name\": TOOL, \"arguments\": {PARAMETER: VALUE, ...}}")
+            calls.append(ToolCall(name, arguments))
         except (ValueError, KeyError, TypeError) as exc:
             calls.append(ToolCall("", "", error=f"error: malformed tool call {block.strip()[:200]!r}: {exc}"))
     return calls
 
 
-def run_tool(call: ToolCall) -> str:
-    """The result the model sees for one call: the tool's answer, or an error it can read."""
-    if call.error is not None:
-        return call.error
-    tool = TOOLS.get(call.name)
-    return tool(call.argument) if tool else f"error: no tool {call.name!r}"
-
-
 def chat_harness(row: dict, interceptor: Interceptor, *, max_turns: int = 4) -> str:
     """Chats until the model answers without calling a tool (or `max_turns` replies). The row's
-    `tools` (names in `TOOLS`) go to the template as schemas; every call of a reply is answered,
-    in order, each by its own `tool` message."""
+    `tools` (names or references, `rollwire.producers.tools`) go to the template as schemas, their
+    toolboxes set up for this rollout and torn down after it; every call of a reply is answered, in
+    order, each by its own `tool` message."""
     messages = list(row["messages"])
-    tools = [TOOL_SCHEMAS[name] for name in row.get("tools", [])]
     reply = ""
-    for _ in range(max_turns):
-        reply = interceptor.chat(messages, tools=tools) if tools else interceptor.chat(messages)
-        messages.append({"role": "assistant", "content": reply})
-        calls = parse_tool_calls(reply)
-        if not calls:
-            return reply
-        messages += [{"role": "tool", "content": run_tool(call)} for call in calls]
+    with ToolSet.named(row.get("tools", [])).open(row) as tools:
+        schemas = tools.schemas()
+        for _ in range(max_turns):
+            reply = interceptor.chat(messages, tools=schemas) if schemas else interceptor.chat(messages)
+            messages.append({"role": "assistant", "content": reply})
+            calls = parse_tool_calls(reply)
+            if not calls:
+                return reply
+            messages += [{"role": "tool", "content": call.error or tools.call(call.name, call.arguments)}
+                         for call in calls]
     return reply
 
 

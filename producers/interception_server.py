@@ -1,7 +1,7 @@
 """An OpenAI-compatible endpoint per rollout, so unmodified agent code can be trained.
 
     base_url = server.open(interceptor)   ->  http://127.0.0.1:PORT/rollouts/<token>/v1
-    POST <base_url>/chat/completions       ->  interceptor.chat(messages): recorded in tokens
+    POST <base_url>/chat/completions       ->  interceptor.chat(messages, tools): recorded in tokens
     POST <base_url>/completions            ->  interceptor.complete(prompt): raw text, recorded in tokens
     server.close(base_url)                 ->  the URL stops answering (404)
     server.listen_unix(path)               ->  the same routes on a Unix socket too (containers with
@@ -44,6 +44,9 @@ def _request_error(body: object, chat: bool) -> str | None:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
             return f"`messages[{i}]` must be an object with string `role` and `content`"
+    tools = body.get("tools")
+    if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
+        return "`tools` must be a list of function objects ({\"type\": \"function\", \"function\": {...}})"
     return None
 
 
@@ -128,7 +131,12 @@ class InterceptionServer:
                 if error:
                     return self._answer(400, {"error": {"message": f"not a {kind} request: {error}"}})
                 try:
-                    text = interceptor.chat(body["messages"]) if chat else interceptor.complete(body["prompt"])
+                    if not chat:
+                        text = interceptor.complete(body["prompt"])
+                    elif body.get("tools"):  # rendered into the prompt by the model's chat template
+                        text = interceptor.chat(body["messages"], tools=body["tools"])
+                    else:
+                        text = interceptor.chat(body["messages"])
                 except RolloutTooLong as exc:  # the agent's conversation outgrew the rollout's limit
                     return self._answer(400, {"error": {"message": str(exc), "code": "context_length_exceeded"}})
                 except Exception as exc:  # the fleet failed: tell the agent, as an API would

@@ -25,7 +25,7 @@ import json
 import os
 import sys
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from rollwire.core.http import HttpError, JsonClient
 from rollwire.core.registry import UnknownNameError
@@ -57,8 +57,10 @@ class Runtime(ABC):
     a runtime that enforces the limit on its own gets the time to say why it ended it."""
 
     @abstractmethod
-    def run(self, harness: str, row: dict, interceptor: Interceptor, *, timeout_s: float) -> str:
-        """Raises `HarnessTimeout` past `timeout_s`, `HarnessError` (or the harness's own exception) on failure."""
+    def run(self, harness: str, row: dict, interceptor: Interceptor, *, timeout_s: float,
+            options: dict[str, Any] | None = None) -> str:
+        """Runs `harness(row, interceptor, **options)`. Raises `HarnessTimeout` past `timeout_s`,
+        `HarnessError` (or the harness's own exception) on failure."""
 
     def close(self) -> None:  # noqa: B027 - optional: most runtimes hold nothing to release
         """Releases what the runtime holds (servers, pools)."""
@@ -69,8 +71,9 @@ class InProcess(Runtime):
 
     name = "in-process"
 
-    def run(self, harness: str, row: dict, interceptor: Interceptor, *, timeout_s: float) -> str:
-        return resolve_harness(harness)(row, interceptor)
+    def run(self, harness: str, row: dict, interceptor: Interceptor, *, timeout_s: float,
+            options: dict[str, Any] | None = None) -> str:
+        return resolve_harness(harness)(row, interceptor, **(options or {}))
 
 
 class Subprocess(Runtime):
@@ -84,10 +87,12 @@ class Subprocess(Runtime):
         self._own_server = server is None
         self.python = python
 
-    def run(self, harness: str, row: dict, interceptor: Interceptor, *, timeout_s: float) -> str:
+    def run(self, harness: str, row: dict, interceptor: Interceptor, *, timeout_s: float,
+            options: dict[str, Any] | None = None) -> str:
         done = run_against_endpoint([self.python, "-m", "rollwire.producers.runtimes"], self.server, interceptor,
                                     lambda url: {"ROLLWIRE_MODEL_URL": url, "ROLLWIRE_TASK": json.dumps(row),
-                                                 "ROLLWIRE_HARNESS": harness},
+                                                 "ROLLWIRE_HARNESS": harness,
+                                                 "ROLLWIRE_HARNESS_OPTIONS": json.dumps(options or {})},
                                     timeout_s=timeout_s, what="the harness in its subprocess")
         lines = done.stdout.strip().splitlines()
         try:
@@ -117,8 +122,11 @@ class EndpointClient:
     def complete(self, prompt: str) -> str:
         return self._post("/completions", {"model": "policy", "prompt": prompt})["choices"][0]["text"]
 
-    def chat(self, messages: list[dict]) -> str:
-        return self._post("/chat/completions", {"model": "policy", "messages": messages})["choices"][0]["message"]["content"]
+    def chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        body: dict[str, Any] = {"model": "policy", "messages": messages}
+        if tools:
+            body["tools"] = tools
+        return self._post("/chat/completions", body)["choices"][0]["message"]["content"]
 
     def _post(self, path: str, body: dict) -> dict:
         try:
@@ -131,9 +139,9 @@ def _child() -> int:
     """Entry point of the subprocess runtime: run the harness, print `{"answer": ...}` or `{"error": ...}`."""
     try:
         harness = resolve_harness(os.environ["ROLLWIRE_HARNESS"])
-        # EndpointClient has the Interceptor's two calls, over HTTP, but no `tools` yet (issue 28)
-        client = EndpointClient(os.environ["ROLLWIRE_MODEL_URL"])
-        answer = harness(json.loads(os.environ["ROLLWIRE_TASK"]), client)  # type: ignore[arg-type]
+        options = json.loads(os.environ.get("ROLLWIRE_HARNESS_OPTIONS") or "{}")
+        client = EndpointClient(os.environ["ROLLWIRE_MODEL_URL"])  # the Interceptor's two calls, over HTTP
+        answer = harness(json.loads(os.environ["ROLLWIRE_TASK"]), client, **options)  # type: ignore[arg-type]
     except Exception as exc:  # reported to the worker, which marks the rollout errored
         print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
         return 1

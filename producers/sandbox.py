@@ -41,6 +41,7 @@ import socket
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -122,13 +123,15 @@ class Container(Runtime):
         self._io.chmod(0o755)  # the container's user must reach the socket inside
         self.server.listen_unix(self._io / "model.sock")
 
-    def run(self, harness: str, row: dict, interceptor: Interceptor, *, timeout_s: float) -> str:
+    def run(self, harness: str, row: dict, interceptor: Interceptor, *, timeout_s: float,
+            options: dict[str, Any] | None = None) -> str:
         base_url = self.server.open(interceptor)
         name = f"rollwire-rollout-{secrets.token_hex(6)}"
         env = {"ROLLWIRE_TASK": json.dumps(row), "ROLLWIRE_SOCKET": "/rollwire/io/model.sock",
                "ROLLWIRE_URL_PATH": InterceptionServer.route(base_url), "ROLLWIRE_TIMEOUT_S": f"{timeout_s:g}"}
         if self.settings.command is None:
             env["ROLLWIRE_HARNESS"] = harness
+            env["ROLLWIRE_HARNESS_OPTIONS"] = json.dumps(options or {})
         try:
             done = self._run_container(name, env, timeout_s)
         finally:

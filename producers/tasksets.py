@@ -80,6 +80,9 @@ class Taskset(ABC):
     """How the model works on it: `completion` (rows have `prompt`) or `chat` (rows have `messages`)."""
     group_rewards: ClassVar[list[dict[str, Any]]] = []
     """Group rewards the scorer applies to this taskset's groups, e.g. `[{"name": "shortest_correct"}]`."""
+    tools: ClassVar[list[Any]] = []
+    """Tools its chat rollouts may call (`rollwire.producers.tools`): functions, `Toolbox` classes,
+    tool names or references. A row's `tools` names which of them it offers; a row without, all."""
 
     @abstractmethod
     def rows(self) -> Iterator[dict[str, Any]]:
@@ -192,11 +195,16 @@ def known_tasksets() -> list[str]:
 
 def check_taskset(name: str, options: dict[str, Any]) -> dict[str, Any]:
     """Raises `ConfigError` naming the fix when `name` is not a taskset, `options` are not its
-    options, or its harness is not known; builds nothing."""
+    options, or its harness or one of its tools is not known; builds nothing."""
     cls = TASKSETS.get(name)
     from rollwire.producers.harnesses import HARNESSES
+    from rollwire.producers.tools import ToolSet
     if ":" not in cls.harness:
         HARNESSES.check(cls.harness)
+    try:
+        ToolSet.named(cls.tools)
+    except ConfigError as exc:
+        raise ConfigError(f"taskset {name}: its tools: {exc}") from None
     return check_options(f"taskset {name}", cls, options)
 
 

@@ -13,8 +13,8 @@ import random
 from collections.abc import Iterator
 
 from rollwire.producers.environments.math_word import NumericAnswer
-from rollwire.producers.harnesses import calculator
 from rollwire.producers.tasksets import register_taskset
+from rollwire.producers.tools import calculator
 
 SYSTEM = ("You can use a calculator. To compute something, write CALL calculator(expression) and wait "
           "for the result. When you know the answer, reply with the number only.")

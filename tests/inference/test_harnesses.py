@@ -60,10 +60,10 @@ def test_a_failing_agent_is_reported_with_its_exit_code(vllm_server, tmp_path):
 
 
 def test_the_server_renders_the_tools_of_a_chat_into_the_prompt_with_the_template(vllm_server):
-    from rollwire.producers.harnesses import TOOL_SCHEMAS
+    from rollwire.producers.tools import TOOLS
     messages = [{"role": "user", "content": "6*7?"}]
     plain = vllm_server.control.render_chat(messages)
-    with_tools = vllm_server.control.render_chat(messages, tools=[TOOL_SCHEMAS["calculator"]])
+    with_tools = vllm_server.control.render_chat(messages, tools=[TOOLS.get("calculator").schema])
     text = vllm_server.control.detokenize(with_tools)  # (the character tokenizer has no < or {: shown as pad)
     assert "You may call functions" in text and "calculator" in text and "Evaluates an arithmetic expression" in text
     assert with_tools[-len(plain):] == plain  # the tools block comes first, the conversation as before

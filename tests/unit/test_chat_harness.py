@@ -3,7 +3,8 @@ the real-server checks are in tests/inference/test_harnesses.py)."""
 
 from __future__ import annotations
 
-from rollwire.producers.harnesses import calculator, chat_harness
+from rollwire.producers.harnesses import chat_harness
+from rollwire.producers.tools import calculator
 
 
 class ScriptedModel:
@@ -26,7 +27,7 @@ def test_tool_calls_are_answered_as_tool_messages_until_the_model_answers():
 def test_unknown_tools_and_bad_expressions_answer_with_an_error_the_model_can_read():
     model = ScriptedModel(["CALL search(cats)", "CALL calculator(import os)", "done"])
     assert chat_harness({"messages": [{"role": "user", "content": "?"}]}, model) == "done"
-    assert model.seen[1][-1]["content"] == "error: no tool 'search'"
+    assert model.seen[1][-1]["content"].startswith("error: no tool 'search'")
     assert model.seen[2][-1]["content"].startswith("error:")
     assert calculator("(1+2)*4/3") == "4" and calculator("1/0").startswith("error")
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 
 from rollwire.producers.assembly import assemble
-from rollwire.producers.harnesses import TOOL_SCHEMAS, ToolCall, chat_harness, parse_tool_calls
+from rollwire.producers.harnesses import ToolCall, chat_harness, parse_tool_calls
 from rollwire.producers.interception import Interceptor
+from rollwire.producers.tools import TOOLS
 from rollwire.schemas.rollout import SamplingParams
 from rollwire.trainer.tiny import build_bpe_tokenizer
 
@@ -18,11 +19,12 @@ from rollwire.trainer.tiny import build_bpe_tokenizer
 def test_hermes_calls_are_parsed_each_one_and_a_malformed_one_becomes_an_error_for_the_model():
     reply = ('Let me check.<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
              '<tool_call>\n{"name": "calculator", "arguments": "{\\"expression\\": \\"1+1\\"}"}\n</tool_call>')
-    assert parse_tool_calls(reply) == [ToolCall("calculator", "6*7"), ToolCall("calculator", "1+1")]
+    assert parse_tool_calls(reply) == [ToolCall("calculator", {"expression": "6*7"}),
+                                       ToolCall("calculator", {"expression": "1+1"})]
     (broken,) = parse_tool_calls('<tool_call>{"name": "calculator", "arguments": {"expression": "1+</tool_call>')
     assert broken.error.startswith("error: malformed tool call") and broken.name == ""
     (cut,) = parse_tool_calls('<tool_call>{"name": "calculator", "arguments": {"expression": "2*3"}}')
-    assert cut == ToolCall("calculator", "2*3")  # generation stopped before the closing tag
+    assert cut == ToolCall("calculator", {"expression": "2*3"})  # generation stopped before the closing tag
     assert parse_tool_calls("CALL calculator(2+2) and CALL calculator(3)") == [ToolCall("calculator", "2+2")]
     assert parse_tool_calls("The answer is 42") == []
 
@@ -62,7 +64,7 @@ def test_a_hermes_tool_call_round_trips_into_a_record_of_exactly_the_sampled_ids
 
     assert chat_harness(row, interceptor) == "42"
 
-    assert server.rendered_tools == [[TOOL_SCHEMAS["calculator"]]] * 2  # the template rendered the tools
+    assert server.rendered_tools == [[TOOLS.get("calculator").schema]] * 2  # the template rendered the tools
     first_prompt = tokenizer.decode(interceptor.calls[0].prompt_token_ids)
     assert "<tools>" in first_prompt and '"name": "calculator"' in first_prompt
     record = assemble(interceptor.calls)
