@@ -1,7 +1,8 @@
 """Tools a taskset brings (`rollwire.producers.tools`): schemas written from signatures and
 docstrings, typed multi-argument calls, errors the model reads, per-rollout toolbox state that
 never reaches the model, `max_turns` as a harness option, and the same tools found by a harness in
-a subprocess. The model is scripted (own code path); tests/inference runs tools against vLLM."""
+a subprocess. The model is scripted (own code path); a model calling a tool on a real vLLM server
+through the env worker is tests/inference/test_env_worker.py's."""
 
 from __future__ import annotations
 
