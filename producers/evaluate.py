@@ -1,8 +1,10 @@
 """`rollwire eval`: an environment as an evaluation, against any OpenAI-compatible endpoint.
 
-Rows with a `prompt` (raw text) go to `/v1/completions`; rows with `messages` go to
-`/v1/chat/completions`. No logprobs or token ids are asked for, so API models that return none
-work too: this path scores text, it never produces training data.
+Each row runs as a training rollout runs: the environment's harness (a completion, a chat with
+the taskset's tools, `max_turns` and the other harness options) and the taskset's judge; only
+the model's calls go to the endpoint instead of the rollout's interceptor. No logprobs or token
+ids are asked for, so API models that return none work too: this path scores text, it never
+produces training data.
 
 An A/B compares published weight versions (a run's, and a `replay train` counterfactual's) on
 the same rows: `evaluate_versions` loads each into one vLLM server in turn and evaluates it.
@@ -25,7 +27,10 @@ from rollwire.core.errors import ConfigError, RollwireError
 from rollwire.core.http import HttpError, JsonClient
 from rollwire.core.objectstore import ObjectStore
 from rollwire.core.weight_versions import fetch
+from rollwire.producers.environment import EnvironmentSetup
+from rollwire.producers.runtimes import resolve_harness
 from rollwire.producers.tasksets import RolloutView, Taskset
+from rollwire.producers.tools import offered_tools
 from rollwire.schemas.topics import Topics
 from rollwire.schemas.weights import WeightsPublished
 
@@ -53,39 +58,66 @@ class OpenAIEndpoint:
         self.base_url, self.model = base_url.rstrip("/"), model
         self._http = JsonClient(self.base_url, timeout_s=timeout_s, headers={"Authorization": f"Bearer {api_key}"})
 
-    def _post(self, path: str, body: dict) -> dict:
+    def post(self, path: str, body: dict) -> dict:
+        """POSTs `body` (with this endpoint's `model`) to `path`; `EndpointError` with the answer on failure."""
         try:
             return self._http.request("POST", path, {"model": self.model, **body})
         except HttpError as exc:
             raise EndpointError(str(exc)) from exc
 
-    def answer(self, row: dict[str, Any], *, temperature: float, max_tokens: int) -> tuple[str, str | None, int]:
-        """The model's text for a row, its finish reason, and the tokens it generated (0 when the
-        endpoint reports no usage)."""
-        params = {"temperature": temperature, "max_tokens": max_tokens}
-        if "messages" in row:
-            reply = self._post("/chat/completions", {"messages": row["messages"], **params})
-            text = reply["choices"][0]["message"]["content"] or ""
-        else:
-            reply = self._post("/completions", {"prompt": row["prompt"], **params})
-            text = reply["choices"][0]["text"]
-        tokens = (reply.get("usage") or {}).get("completion_tokens") or 0
-        return text, reply["choices"][0].get("finish_reason"), int(tokens)
+
+class EvalClient:
+    """What a harness holds in an evaluation instead of a rollout's `Interceptor`: the same two
+    calls, `complete(prompt)` and `chat(messages, tools)`, against an OpenAI-compatible endpoint
+    with the evaluation's sampling. It counts the tokens the model generated (when the endpoint
+    reports usage) and keeps the last call's finish reason, as the Interceptor does."""
+
+    def __init__(self, endpoint: OpenAIEndpoint, *, temperature: float, max_tokens: int) -> None:
+        self.endpoint, self.params = endpoint, {"temperature": temperature, "max_tokens": max_tokens}
+        self.finish_reason: str | None = None
+        self.completion_tokens = 0
+
+    def complete(self, prompt: str) -> str:
+        choice = self._choice(self.endpoint.post("/completions", {"prompt": prompt, **self.params}))
+        return choice["text"]
+
+    def chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        body: dict[str, Any] = {"messages": messages, **self.params}
+        if tools:
+            body["tools"] = tools
+        return self._choice(self.endpoint.post("/chat/completions", body))["message"]["content"] or ""
+
+    def _choice(self, reply: dict) -> dict:
+        self.completion_tokens += int((reply.get("usage") or {}).get("completion_tokens") or 0)
+        choice = reply["choices"][0]
+        self.finish_reason = choice.get("finish_reason")
+        return choice
 
 
 def evaluate(taskset: Taskset, endpoint: OpenAIEndpoint, *, limit: int, samples: int = 1, temperature: float = 0.0,
-             max_tokens: int = 256, concurrency: int = 4, on_result=None) -> list[EvalResult]:
-    """Scores `samples` answers for each of the first `limit` rows; endpoint errors are recorded."""
+             max_tokens: int = 256, concurrency: int = 4, on_result=None,
+             setup: EnvironmentSetup | None = None) -> list[EvalResult]:
+    """Scores `samples` answers for each of the first `limit` rows, each one a rollout as training
+    runs it, in this process: the environment's harness (`setup`'s, else the taskset's) with its
+    options and the taskset's tools, every call to `endpoint`, then the taskset's judge. An
+    endpoint error or a harness that raises is recorded on its result."""
+    setup = setup or EnvironmentSetup()
+    harness = resolve_harness(setup.harness or taskset.harness)
+    offered = type(taskset).tools
     rows = list(itertools.islice(taskset.rows(), limit))
 
     def one(row: dict, sample: int) -> EvalResult:
+        client = EvalClient(endpoint, temperature=temperature, max_tokens=max_tokens)
         try:
-            text, finish, tokens = endpoint.answer(row, temperature=temperature, max_tokens=max_tokens)
-        except EndpointError as exc:
-            return EvalResult(row["task_id"], sample, "", None, {}, 0.0, {}, str(exc))
-        judged = taskset.judge(RolloutView(task=row, completion=text, finish_reason=finish, completion_tokens=tokens))
-        return EvalResult(row["task_id"], sample, text, finish, judged.rewards, judged.reward, judged.metrics,
-                          judged.error.message if judged.error else None)
+            task = {**row, "tools": offered_tools(row, offered)} if offered else row
+            text = harness(task, client, **setup.harness_options)  # type: ignore[arg-type]  # the Interceptor's calls
+        except Exception as exc:  # the endpoint refused, or the harness (user code) failed: this result's error
+            error = str(exc) if isinstance(exc, EndpointError) else f"{type(exc).__name__}: {exc}"
+            return EvalResult(row["task_id"], sample, "", None, {}, 0.0, {}, error)
+        judged = taskset.judge(RolloutView(task=row, completion=text, finish_reason=client.finish_reason,
+                                           completion_tokens=client.completion_tokens))
+        return EvalResult(row["task_id"], sample, text, client.finish_reason, judged.rewards, judged.reward,
+                          judged.metrics, judged.error.message if judged.error else None)
 
     results = []
     with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:

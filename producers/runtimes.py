@@ -20,13 +20,13 @@ child process can import them.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import sys
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
+from rollwire.core.errors import ConfigError
 from rollwire.core.http import HttpError, JsonClient
 from rollwire.core.registry import UnknownNameError
 from rollwire.producers.harnesses import HARNESSES, Harness, HarnessError, run_against_endpoint
@@ -35,17 +35,13 @@ from rollwire.producers.interception_server import InterceptionServer
 
 
 def resolve_harness(reference: str) -> Harness:
-    """A harness by registered name or `package.module:function`."""
-    module, sep, name = reference.partition(":")
-    if not sep:
-        try:
-            return HARNESSES.get(reference)
-        except UnknownNameError as exc:
-            raise HarnessError(f"{exc}; or give package.module:function") from None
+    """A harness by registered name or reference (`package.module:function`, `path/file.py:function`)."""
     try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as exc:
-        raise HarnessError(f"cannot import harness {reference!r}: {exc}") from exc
+        return HARNESSES.get(reference)
+    except UnknownNameError as exc:
+        raise HarnessError(f"{exc}; or give package.module:function") from None
+    except ConfigError as exc:  # a reference that does not import
+        raise HarnessError(f"cannot import {exc}") from exc
 
 
 class Runtime(ABC):

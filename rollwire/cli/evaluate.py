@@ -36,17 +36,21 @@ def add_evaluate(sub) -> None:
     evaluate.add_argument("--concurrency", type=int, default=4, help="requests at once (default: %(default)s)")
     evaluate.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                           help="taskset option, e.g. path=data.jsonl or seed=3 (repeatable)")
+    evaluate.add_argument("--harness", help="run the rows with this harness instead of the taskset's (completion, "
+                          "chat, package.module:function); with --run-dir, the run's recipe entry's is the default")
+    evaluate.add_argument("--harness-option", action="append", default=[], metavar="KEY=VALUE",
+                          help="harness option, e.g. max_turns=8 for chat (repeatable)")
     evaluate.add_argument("--out", type=Path, help="write every scored answer as JSON lines")
     evaluate.set_defaults(run=cmd_eval)
 
 
-def parse_options(items: list[str], command: str) -> dict:
-    """`--option KEY=VALUE` items as taskset options; a VALUE that parses as JSON is that value."""
+def parse_options(items: list[str], command: str, flag: str = "--option") -> dict:
+    """`--option KEY=VALUE` items as options; a VALUE that parses as JSON is that value."""
     options = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep:
-            raise SystemExit(f"{command}: --option {item!r} needs the form KEY=VALUE")
+            raise SystemExit(f"{command}: {flag} {item!r} needs the form KEY=VALUE")
         try:
             options[key] = json.loads(value)
         except ValueError:
@@ -63,7 +67,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from rollwire.producers.tasksets import load_taskset
     taskset = load_taskset(args.environment, **parse_options(args.option, "rollwire eval"))
     settings = {"limit": args.limit, "samples": args.samples, "temperature": args.temperature,
-                "max_tokens": args.max_tokens, "concurrency": args.concurrency}
+                "max_tokens": args.max_tokens, "concurrency": args.concurrency, "setup": _setup(args, taskset)}
     console = Console(stderr=True)
     with Progress(console=console, transient=True) as progress:
         def bar(label: str):
@@ -95,6 +99,27 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for label, answers, scores in summaries:
         print(json.dumps({"environment": args.environment, "model": label, "answers": answers, **scores}))
     return 0
+
+
+def _setup(args: argparse.Namespace, taskset):
+    """How the rows run: `--harness` and `--harness-option`s over the run's recipe entry for this
+    environment (with `--run-dir`), over the taskset's own harness; checked as a recipe's would be."""
+    from rollwire.producers.environment import EnvironmentSetup
+    from rollwire.run.recipe import RunRecipe
+    setup = EnvironmentSetup()
+    recipe_path = args.run_dir / "recipe.json" if args.run_dir is not None else None
+    if recipe_path is not None and recipe_path.is_file():
+        recipe = RunRecipe.model_validate_json(recipe_path.read_text())
+        entry = next((e for e in recipe.environments if e.name == args.environment), None)
+        if entry is not None:
+            setup = EnvironmentSetup(harness=entry.harness, harness_options=entry.harness_options)
+    given = parse_options(args.harness_option, "rollwire eval", "--harness-option")
+    update: dict = {"harness_options": {**setup.harness_options, **given}}
+    if args.harness:
+        update["harness"] = args.harness
+    setup = setup.model_copy(update=update)
+    setup.check(type(taskset), args.environment)
+    return setup
 
 
 def _versions(args: argparse.Namespace, taskset, settings: dict, bar) -> list:
