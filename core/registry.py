@@ -239,14 +239,20 @@ def check_options(what: str, fn: Callable[..., Any], options: Mapping[str, Any],
         return model.model_validate(dict(options)).model_dump(exclude_unset=True)
     except ValidationError as exc:
         valid = list(model.model_fields)
-        problems = []
-        for error in exc.errors():
-            field = str(error["loc"][0]) if error["loc"] else ""
-            if error["type"] == "extra_forbidden":
-                problems.append(f"has no option {field!r}{_suggestion(field, valid)}")
-            elif error["type"] == "missing":
-                problems.append(f"needs option {field!r}")
-            else:
-                problems.append(f"option {field!r}: {error['msg']}")
         takes = f"; it takes {', '.join(valid)}" if valid else "; it takes no options"
-        raise ConfigError(f"{what} {'; '.join(problems)}{takes}") from None
+        raise ConfigError(f"{what} {'; '.join(validation_problems(exc, valid, 'option'))}{takes}") from None
+
+
+def validation_problems(exc: ValidationError, valid: list[str], noun: str) -> list[str]:
+    """A phrase per error of a keyword model's validation: an unknown `noun` (with the closest of
+    `valid`), a missing one, or a value that does not fit."""
+    problems = []
+    for error in exc.errors():
+        field = str(error["loc"][0]) if error["loc"] else ""
+        if error["type"] == "extra_forbidden":
+            problems.append(f"has no {noun} {field!r}{_suggestion(field, valid)}")
+        elif error["type"] == "missing":
+            problems.append(f"needs {noun} {field!r}")
+        else:
+            problems.append(f"{noun} {field!r}: {error['msg']}")
+    return problems

@@ -51,7 +51,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from rollwire.core.errors import ConfigError
-from rollwire.core.registry import Registry, is_reference, options_model
+from rollwire.core.registry import Registry, is_reference, options_model, validation_problems
 
 
 class Toolbox:
@@ -296,17 +296,8 @@ class ToolSet:
 
 
 def _argument_problems(exc: ValidationError, found: Tool) -> str:
-    problems = []
-    for error in exc.errors():
-        field = ".".join(str(p) for p in error["loc"])
-        if error["type"] == "extra_forbidden":
-            problems.append(f"no argument {field!r}")
-        elif error["type"] == "missing":
-            problems.append(f"argument {field!r} is missing")
-        else:
-            problems.append(f"argument {field!r}: {error['msg']}")
-    takes = ", ".join(found.arguments.model_fields) or "no arguments"
-    return "; ".join(problems) + f" (it takes {takes})"
+    valid = list(found.arguments.model_fields)
+    return "; ".join(validation_problems(exc, valid, "argument")) + f" (it takes {', '.join(valid) or 'no arguments'})"
 
 
 def calculator(expression: str) -> str:

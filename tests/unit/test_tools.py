@@ -70,12 +70,12 @@ def test_arguments_are_converted_and_a_wrong_call_or_a_failing_tool_is_an_error_
 
     tools = ToolSet([Tool.of(repeat)])
     assert tools.call("repeat", {"text": "a", "times": "2"}) == '["a", "a"]'  # "2" converted; a list sent as JSON
-    assert tools.call("repeat", {"text": "a"}) == "error: repeat: argument 'times' is missing (it takes text, times)"
+    assert tools.call("repeat", {"text": "a"}) == "error: repeat: needs argument 'times' (it takes text, times)"
     assert tools.call("repeat", {"text": "a", "times": "x"}).startswith("error: repeat: argument 'times': Input should")
-    assert tools.call("repeat", {"text": "a", "times": 1, "loud": True}).startswith("error: repeat: no argument 'loud'")
+    assert tools.call("repeat", {"text": "a", "times": 1, "loud": True}).startswith("error: repeat: has no argument 'loud'")
     assert tools.call("repeat", {"text": "a", "times": 9}) == "error: repeat failed: ValueError: at most 3 times"
     assert tools.call("search", {}) == "error: no tool 'search'; the tools are repeat"
-    assert tools.call("repeat", "abc").startswith("error: repeat: argument 'times' is missing")  # CALL repeat(abc)
+    assert tools.call("repeat", "abc").startswith("error: repeat: needs argument 'times'")  # CALL repeat(abc)
     assert tools.call("calculator", "6*7") == "42"  # a built-in is callable wherever a prompt teaches CALL
 
 
