@@ -45,8 +45,9 @@ def serve_scorer(log: EventLog, topics: Topics, settings: ScorerSettings, *, bus
     if choose_driver(bus, driver) == "faust":
         assert isinstance(bus, KafkaBusSettings)  # choose_driver refuses faust on the embedded log
         from rollwire.streams.faust_app import build_app, run_worker
-        run_worker(build_app(_faust_settings(group_id, data_dir), settings, bus=bus, topics=topics),
-                   loglevel=loglevel)
+        worker = _faust_settings(group_id, data_dir)
+        run_worker(build_app(worker, settings, bus=bus, topics=topics), loglevel=loglevel,
+                   startup_timeout_s=worker.startup_timeout_s)
         return None
     from rollwire.streams.embedded_scorer import EmbeddedScorer
     from rollwire.streams.scoring import GroupScorer
@@ -65,8 +66,9 @@ def serve_joiner(log: EventLog, topics: Topics, settings: FeedbackJoinSettings, 
         assert isinstance(bus, KafkaBusSettings)
         from rollwire.streams.faust_app import run_worker
         from rollwire.streams.faust_joiner import build_app
-        run_worker(build_app(_faust_settings(group_id, data_dir), joiner, bus=bus, topics=topics),
-                   loglevel=loglevel)
+        worker = _faust_settings(group_id, data_dir)
+        run_worker(build_app(worker, joiner, bus=bus, topics=topics), loglevel=loglevel,
+                   startup_timeout_s=worker.startup_timeout_s)
         return None
     from rollwire.streams.embedded_joiner import EmbeddedJoiner
     return _run_in_process(EmbeddedJoiner(log, topics, joiner, group_id=group_id), stop_after_idle_s)

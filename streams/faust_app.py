@@ -25,6 +25,8 @@ at the end of each batch.
 from __future__ import annotations
 
 import logging
+import os
+import threading
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -76,6 +78,10 @@ class FaustWorkerSettings(BaseModel):
     replication_factor: int = Field(default=1, ge=1)
     """Replicas of the topics faust creates for itself (its leader-election topic); use 3 on a
     production cluster. Catalog topics are created beforehand and keep their own settings."""
+    startup_timeout_s: float = Field(default=300.0, gt=0)
+    """A worker whose start (its table's recovery from the changelog) has not finished after this
+    long exits with code 3 and the reason, for its supervisor to start it again. Raise it for a
+    changelog that takes longer to read."""
 
 
 def message_headers(message: Any) -> list[tuple[str, bytes]]:
@@ -252,9 +258,34 @@ def build_app(settings: FaustWorkerSettings, scorer_settings: ScorerSettings, *,
     return app
 
 
-def run_worker(app: faust.App, loglevel: str = "warning") -> None:
-    """Runs the faust worker in this process until SIGTERM or Ctrl-C."""
+STARTUP_FAILED = 3
+"""Exit code of a worker that did not finish starting within `startup_timeout_s`."""
+
+
+def run_worker(app: faust.App, loglevel: str = "warning", *, startup_timeout_s: float | None = None) -> None:
+    """Runs the faust worker in this process until SIGTERM or Ctrl-C; past `startup_timeout_s`
+    without having started (faust starts an app's tasks once its tables are recovered), it exits
+    with `STARTUP_FAILED`. A restarted scorer was seen once (chaos run, 2026-12-03) to stay in
+    recovery for good, its consumer group stable with every partition its own: exiting hands it
+    back to its supervisor, which starts it again. faust's recovery logs at INFO, for the record."""
     from faust.worker import Worker
+    started = threading.Event()
+
+    @app.task
+    async def mark_started() -> None:
+        started.set()
+
+    def exit_unless_started() -> None:
+        if not started.wait(startup_timeout_s):
+            logger.error("faust worker %s did not finish starting within %.0f s (its tables' recovery never "
+                         "completed): exiting with code %d so that its supervisor starts it again",
+                         app.conf.id, startup_timeout_s, STARTUP_FAILED)
+            logging.shutdown()
+            os._exit(STARTUP_FAILED)
+
+    if startup_timeout_s is not None:
+        threading.Thread(target=exit_unless_started, name="startup-watchdog", daemon=True).start()
+    logging.getLogger("faust.tables.recovery").setLevel(logging.INFO)
     worker = Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
     # faust's start-up spinner turns the root logger to DEBUG so that it spins on every record:
     # every library's debug call then builds a LogRecord (a tenth of the worker's time, measured).
