@@ -28,7 +28,8 @@
     ├── HarnessError           rollwire.producers.harnesses — a harness could not finish a rollout
     │   ├── HarnessTimeout
     │   └── ResourceLimit      (the harness's container hit its memory or process limit)
-    ├── EndpointError          rollwire.producers.evaluate — an evaluated endpoint failed
+    ├── EndpointError          rollwire.core.endpoints — an OpenAI-compatible endpoint failed
+    ├── UserError              rollwire.producers.users — a simulated user could not answer
     ├── JudgeError             rollwire.producers.judges — an LLM judge gave no score (every try's reason)
     ├── TeacherError           rollwire.streams.teacher — the distillation teacher failed
     └── RunFailed              rollwire.run.supervisor — a component of a run kept failing

@@ -248,9 +248,9 @@ def validation_problems(exc: ValidationError, valid: list[str], noun: str) -> li
     `valid`), a missing one, or a value that does not fit."""
     problems = []
     for error in exc.errors():
-        field = str(error["loc"][0]) if error["loc"] else ""
+        field = ".".join(str(part) for part in error["loc"])  # `judge.model` inside a nested option
         if error["type"] == "extra_forbidden":
-            problems.append(f"has no {noun} {field!r}{_suggestion(field, valid)}")
+            problems.append(f"has no {noun} {field!r}{_suggestion(field, valid) if len(error['loc']) == 1 else ''}")
         elif error["type"] == "missing":
             problems.append(f"needs {noun} {field!r}")
         else:

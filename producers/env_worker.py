@@ -379,7 +379,7 @@ class EnvWorker:
         ran = time.perf_counter() - started
         record = assemble(interceptor.calls)
         judged_at = time.perf_counter()
-        judgement = taskset.judge(RolloutView(task=task.task, completion=answer,
+        judgement = taskset.judge(RolloutView(task=task.task, completion=answer, messages=interceptor.conversation,
                                               completion_tokens=sum(record.loss_mask),
                                               finish_reason=interceptor.finish_reason))
         inference = sum(c.latency_s for c in interceptor.calls)
@@ -475,7 +475,7 @@ class EnvWorker:
                 container = container.model_copy(update={"command": setup.agent_command})
             runtime = self._runtime(runtime_name, container)
             self._grace[environment] = runtime.watchdog_grace_s
-            harness, options, offered = setup.harness or taskset.harness, setup.harness_options, type(taskset).tools
+            harness, options, offered = setup.harness or taskset.harness, setup.options_for(type(taskset)), type(taskset).tools
             runner = lambda row, interceptor, timeout_s: runtime.run(  # noqa: E731
                 harness, {**row, "tools": offered_tools(row, offered)} if offered else row, interceptor,
                 timeout_s=timeout_s, options=options)

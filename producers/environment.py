@@ -32,7 +32,7 @@ from rollwire.producers.sandbox import ContainerSettings
 from rollwire.producers.tasksets import Taskset
 
 RuntimeName = Literal["in-process", "subprocess", "container"]
-ROW_HARNESSES = {"completion": "prompt", "chat": "messages"}
+ROW_HARNESSES = {"completion": "prompt", "chat": "messages", "conversation": "messages"}
 """Harnesses that read a field of the task row: a taskset's rows are written for one of them."""
 
 
@@ -42,7 +42,7 @@ class EnvironmentSetup(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     harness: str | None = None
-    """`completion`, `chat`, or `package.module:function`; default: the taskset's own."""
+    """`completion`, `chat`, `conversation`, or `package.module:function`; default: the taskset's own."""
     harness_options: dict[str, Any] = Field(default_factory=dict)
     """Keyword options of the harness, e.g. `{ max_turns = 8 }` for chat; checked against it at load."""
     runtime: RuntimeName | None = None
@@ -55,6 +55,11 @@ class EnvironmentSetup(BaseModel):
 
     def is_default(self) -> bool:
         return self == EnvironmentSetup()
+
+    def options_for(self, taskset: type[Taskset]) -> dict[str, Any]:
+        """The harness's options: the taskset's own (when its harness runs) under this entry's."""
+        own = taskset.harness_options if self.harness in (None, taskset.harness) else {}
+        return {**own, **self.harness_options}
 
     def check(self, taskset: type[Taskset], name: str) -> None:
         """Raises `ConfigError` naming the fix for a pair that cannot work."""
@@ -72,8 +77,9 @@ class EnvironmentSetup(BaseModel):
             harness = resolve_harness(self.harness or taskset.harness)
         except HarnessError as exc:
             raise ConfigError(f"{what}: {exc}") from None
-        if self.harness_options:
-            check_options(f"{what}: harness {self.harness or taskset.harness!r}", harness, self.harness_options, skip=2)
+        if self.options_for(taskset):
+            check_options(f"{what}: harness {self.harness or taskset.harness!r}", harness, self.options_for(taskset),
+                          skip=2)
         if self.harness is None:
             return
         wants, written_for = ROW_HARNESSES.get(self.harness), ROW_HARNESSES.get(taskset.harness)

@@ -23,8 +23,8 @@ from typing import Any
 
 from rollwire.consumers.vllm_control import VllmControl
 from rollwire.core.bus import EventLog, HeldDeadLetters, TopicError, read_to_end
-from rollwire.core.errors import ConfigError, RollwireError
-from rollwire.core.http import HttpError, JsonClient
+from rollwire.core.endpoints import EndpointError, OpenAIEndpoint
+from rollwire.core.errors import ConfigError
 from rollwire.core.objectstore import ObjectStore
 from rollwire.core.weight_versions import fetch
 from rollwire.producers.environment import EnvironmentSetup
@@ -33,10 +33,6 @@ from rollwire.producers.tasksets import RolloutView, Taskset
 from rollwire.producers.tools import offered_tools
 from rollwire.schemas.topics import Topics
 from rollwire.schemas.weights import WeightsPublished
-
-
-class EndpointError(RollwireError):
-    """The endpoint refused or failed a request; the message has its answer."""
 
 
 @dataclass(frozen=True)
@@ -51,21 +47,6 @@ class EvalResult:
     error: str | None
 
 
-class OpenAIEndpoint:
-    """A minimal OpenAI-compatible client."""
-
-    def __init__(self, base_url: str, model: str, *, api_key: str = "EMPTY", timeout_s: float = 120.0) -> None:
-        self.base_url, self.model = base_url.rstrip("/"), model
-        self._http = JsonClient(self.base_url, timeout_s=timeout_s, headers={"Authorization": f"Bearer {api_key}"})
-
-    def post(self, path: str, body: dict) -> dict:
-        """POSTs `body` (with this endpoint's `model`) to `path`; `EndpointError` with the answer on failure."""
-        try:
-            return self._http.request("POST", path, {"model": self.model, **body})
-        except HttpError as exc:
-            raise EndpointError(str(exc)) from exc
-
-
 class EvalClient:
     """What a harness holds in an evaluation instead of a rollout's `Interceptor`: the same two
     calls, `complete(prompt)` and `chat(messages, tools)`, against an OpenAI-compatible endpoint
@@ -76,6 +57,7 @@ class EvalClient:
         self.endpoint, self.params = endpoint, {"temperature": temperature, "max_tokens": max_tokens}
         self.finish_reason: str | None = None
         self.completion_tokens = 0
+        self.conversation: list[dict] = []
 
     def complete(self, prompt: str) -> str:
         choice = self._choice(self.endpoint.post("/completions", {"prompt": prompt, **self.params}))
@@ -85,7 +67,9 @@ class EvalClient:
         body: dict[str, Any] = {"messages": messages, **self.params}
         if tools:
             body["tools"] = tools
-        return self._choice(self.endpoint.post("/chat/completions", body))["message"]["content"] or ""
+        text = self._choice(self.endpoint.post("/chat/completions", body))["message"]["content"] or ""
+        self.conversation = [*messages, {"role": "assistant", "content": text}]
+        return text
 
     def _choice(self, reply: dict) -> dict:
         self.completion_tokens += int((reply.get("usage") or {}).get("completion_tokens") or 0)
@@ -103,18 +87,19 @@ def evaluate(taskset: Taskset, endpoint: OpenAIEndpoint, *, limit: int, samples:
     endpoint error or a harness that raises is recorded on its result."""
     setup = setup or EnvironmentSetup()
     harness = resolve_harness(setup.harness or taskset.harness)
-    offered = type(taskset).tools
+    offered, options = type(taskset).tools, setup.options_for(type(taskset))
     rows = list(itertools.islice(taskset.rows(), limit))
 
     def one(row: dict, sample: int) -> EvalResult:
         client = EvalClient(endpoint, temperature=temperature, max_tokens=max_tokens)
         try:
             task = {**row, "tools": offered_tools(row, offered)} if offered else row
-            text = harness(task, client, **setup.harness_options)  # type: ignore[arg-type]  # the Interceptor's calls
+            text = harness(task, client, **options)  # type: ignore[arg-type]  # the Interceptor's calls
         except Exception as exc:  # the endpoint refused, or the harness (user code) failed: this result's error
             error = str(exc) if isinstance(exc, EndpointError) else f"{type(exc).__name__}: {exc}"
             return EvalResult(row["task_id"], sample, "", None, {}, 0.0, {}, error)
-        judged = taskset.judge(RolloutView(task=row, completion=text, finish_reason=client.finish_reason,
+        judged = taskset.judge(RolloutView(task=row, completion=text, messages=client.conversation,
+                                           finish_reason=client.finish_reason,
                                            completion_tokens=client.completion_tokens))
         return EvalResult(row["task_id"], sample, text, client.finish_reason, judged.rewards, judged.reward,
                           judged.metrics, judged.error.message if judged.error else None)

@@ -8,6 +8,8 @@ rollout's `Interceptor`, so every sampled token is recorded.
                  prompt by the chat template), or as `CALL tool(argument)`; each result comes back as
                  a `tool` message, and a call that does not parse, a wrong argument or a tool's
                  failure comes back as an error the model can read; `max_turns` is an option
+    conversation the chat harness for several turns with a simulated user (a script, or another
+                 model playing the user: `rollwire.producers.users`) saying each next user message
     script       unmodified agent code in a subprocess that knows only an OpenAI base URL
                  (OPENAI_BASE_URL, OPENAI_API_KEY) and the task (ROLLWIRE_TASK, JSON); the last
                  line it prints is its answer
@@ -22,7 +24,9 @@ import re
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import AfterValidator
 
 from rollwire.core.errors import RollwireError
 from rollwire.core.processes import agent_environment, die_with_parent
@@ -30,6 +34,7 @@ from rollwire.core.registry import Registry
 from rollwire.producers.interception import Interceptor
 from rollwire.producers.interception_server import InterceptionServer
 from rollwire.producers.tools import ToolSet
+from rollwire.producers.users import USERS, UserModelSettings, resolve_user
 
 Harness = Callable[[dict, Interceptor], str]
 """`harness(task_row, interceptor) -> final answer text`."""
@@ -90,17 +95,44 @@ def chat_harness(row: dict, interceptor: Interceptor, *, max_turns: int = 4) -> 
     toolboxes set up for this rollout and torn down after it; every call of a reply is answered, in
     order, each by its own `tool` message."""
     messages = list(row["messages"])
-    reply = ""
     with ToolSet.named(row.get("tools", [])).open(row) as tools:
-        schemas = tools.schemas()
-        for _ in range(max_turns):
-            reply = interceptor.chat(messages, tools=schemas) if schemas else interceptor.chat(messages)
-            messages.append({"role": "assistant", "content": reply})
-            calls = parse_tool_calls(reply)
-            if not calls:
-                return reply
-            messages += [{"role": "tool", "content": call.error or tools.call(call.name, call.arguments)}
-                         for call in calls]
+        return _answer(messages, interceptor, tools, max_turns)
+
+
+def conversation_harness(row: dict, interceptor: Interceptor, *, max_turns: int = 3,
+                         user: Annotated[str, AfterValidator(USERS.check)] = "scripted",
+                         user_model: UserModelSettings | None = None, max_tool_rounds: int = 4) -> str:
+    """A conversation with a simulated user (`rollwire.producers.users`): the model answers the row's
+    `messages` (calling the row's tools as the chat harness does, at most `max_tool_rounds` replies
+    an answer), the user says the next message, and so on for `max_turns` answers or until the user
+    ends it. `user` names a scripted user (`scripted` says the row's `user_turns`); `user_model`
+    has another model play the user. The user's messages are environment tokens, never trained."""
+    party = resolve_user(user, user_model)
+    messages = list(row["messages"])
+    answer = ""
+    with ToolSet.named(row.get("tools", [])).open(row) as tools:
+        for turn in range(max_turns):
+            answer = _answer(messages, interceptor, tools, max_tool_rounds)
+            said = party(row, messages) if turn + 1 < max_turns else None
+            if said is None:
+                break
+            messages.append({"role": "user", "content": said})
+    return answer
+
+
+def _answer(messages: list[dict], interceptor: Interceptor, tools: ToolSet, rounds: int) -> str:
+    """The model's replies to `messages` (extended in place) until one calls no tool, or `rounds`
+    replies; each call is answered by its own `tool` message. Returns the last reply."""
+    schemas = tools.schemas()
+    reply = ""
+    for _ in range(rounds):
+        reply = interceptor.chat(messages, tools=schemas) if schemas else interceptor.chat(messages)
+        messages.append({"role": "assistant", "content": reply})
+        calls = parse_tool_calls(reply)
+        if not calls:
+            break
+        messages += [{"role": "tool", "content": call.error or tools.call(call.name, call.arguments)}
+                     for call in calls]
     return reply
 
 
@@ -108,6 +140,7 @@ HARNESSES: Registry[Harness] = Registry("harness")
 """Harnesses a taskset can name (`Taskset.harness`); `script_harness` is configured per worker."""
 HARNESSES.add("completion", completion_harness)
 HARNESSES.add("chat", chat_harness)
+HARNESSES.add("conversation", conversation_harness)
 
 
 def run_against_endpoint(command: list[str], server: InterceptionServer, interceptor: Interceptor,

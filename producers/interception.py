@@ -104,6 +104,8 @@ class Interceptor:
         self.events: list[tuple[str, dict | int]] = []
         """The rollout as it happened, for its trace: `("message", {"role", "content"})` for each chat
         message the model was shown for the first time and each reply, `("call", i)` for `calls[i]`."""
+        self.conversation: list[dict] = []
+        """The last chat call's messages and the reply to it: what rewards see as `RolloutView.messages`."""
         self._shown: list[dict] = []
         self._lock = threading.Lock()
 
@@ -117,7 +119,7 @@ class Interceptor:
         the end-of-turn token (kept in the record), the text comes back."""
         rendered = (self.control.render_chat(messages, model=self.model or "policy", tools=tools) if tools
                     else self.control.render_chat(messages, model=self.model or "policy"))
-        messages = [{"role": m.get("role"), "content": m.get("content") or ""} for m in messages]
+        given, messages = list(messages), [{"role": m.get("role"), "content": m.get("content") or ""} for m in messages]
         with self._lock:  # messages not shown before (all of them when the history was edited)
             shown = self._shown
             new = messages[len(shown):] if messages[: len(shown)] == shown else messages
@@ -127,6 +129,7 @@ class Interceptor:
         with self._lock:
             self.events.append(("message", reply))
             self._shown = messages + [reply]
+            self.conversation = given + [reply]
         return text
 
     def _end_of_turn(self) -> list[int]:

@@ -31,8 +31,8 @@ import time
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rollwire.core import telemetry
+from rollwire.core.endpoints import EndpointError, OpenAIEndpoint
 from rollwire.core.errors import RollwireError
-from rollwire.core.http import HttpError, JsonClient
 
 DEFAULT_RUBRIC = """You grade answers. Question:
 {question}
@@ -91,8 +91,8 @@ class LlmJudge:
     def __init__(self, settings: JudgeSettings) -> None:
         self.settings = settings
         self._pattern = re.compile(settings.score_pattern)
-        self._http = JsonClient(settings.base_url.rstrip("/"), timeout_s=settings.timeout_s,
-                                headers={"Authorization": f"Bearer {settings.api_key}"})
+        self._endpoint = OpenAIEndpoint(settings.base_url, settings.model, api_key=settings.api_key,
+                                        timeout_s=settings.timeout_s)
 
     def score(self, **fields: object) -> float:
         """The judge's score for the answer in `fields`, over `scale` (0 to 1); `JudgeError` otherwise."""
@@ -107,7 +107,7 @@ class LlmJudge:
                 started = time.perf_counter()
                 try:
                     reply = self._ask(prompt)
-                except (HttpError, KeyError, IndexError, TypeError) as exc:  # no answer, or not an OpenAI one
+                except EndpointError as exc:  # no answer, or not an OpenAI one
                     reasons.append(f"try {attempt + 1}: {type(exc).__name__}: {exc}")
                     span.set_attribute("rollwire.judge.error", str(exc)[:300])
                     continue
@@ -129,9 +129,7 @@ class LlmJudge:
 
     def _ask(self, prompt: str) -> str:
         s = self.settings
-        params = {"model": s.model, "max_tokens": s.max_tokens, "temperature": s.temperature}
+        params = {"max_tokens": s.max_tokens, "temperature": s.temperature}
         if s.chat:
-            reply = self._http.request("POST", "/chat/completions",
-                                       {**params, "messages": [{"role": "user", "content": prompt}]})
-            return reply["choices"][0]["message"]["content"] or ""
-        return self._http.request("POST", "/completions", {**params, "prompt": prompt})["choices"][0]["text"]
+            return self._endpoint.chat([{"role": "user", "content": prompt}], **params)
+        return self._endpoint.complete(prompt, **params)

@@ -77,7 +77,11 @@ class Taskset(ABC):
 
     name: ClassVar[str]
     harness: ClassVar[str] = "completion"
-    """How the model works on it: `completion` (rows have `prompt`) or `chat` (rows have `messages`)."""
+    """How the model works on it: `completion` (rows have `prompt`), `chat` or `conversation` (rows
+    have `messages`), or a reference to a harness of its own."""
+    harness_options: ClassVar[dict[str, Any]] = {}
+    """Options of its own harness, e.g. `{"user": "higher-lower", "max_turns": 6}` for a conversation;
+    a recipe's `harness_options` override them (and replace them when it names another harness)."""
     group_rewards: ClassVar[list[dict[str, Any]]] = []
     """Group rewards the scorer applies to this taskset's groups, e.g. `[{"name": "shortest_correct"}]`."""
     tools: ClassVar[list[Any]] = []
@@ -201,6 +205,9 @@ def check_taskset(name: str, options: dict[str, Any]) -> dict[str, Any]:
     from rollwire.producers.tools import ToolSet
     if ":" not in cls.harness:
         HARNESSES.check(cls.harness)
+        if cls.harness_options:
+            check_options(f"taskset {name}: its harness_options for the {cls.harness} harness",
+                          HARNESSES.get(cls.harness), cls.harness_options, skip=2)
     try:
         ToolSet.named(cls.tools)
     except ConfigError as exc:

@@ -107,7 +107,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     from rich.progress import Progress
     from rich.table import Table
 
-    from rollwire.producers.evaluate import OpenAIEndpoint, evaluate, summary
+    from rollwire.core.endpoints import OpenAIEndpoint
+    from rollwire.producers.evaluate import evaluate, summary
     from rollwire.producers.tasksets import load_taskset
     taskset = load_taskset(args.name, **parse_options(args.option, "rollwire env check"))
     base_url, model = _endpoint(args)

@@ -63,7 +63,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from rich.progress import Progress
     from rich.table import Table
 
-    from rollwire.producers.evaluate import OpenAIEndpoint, evaluate, summary
+    from rollwire.core.endpoints import OpenAIEndpoint
+    from rollwire.producers.evaluate import evaluate, summary
     from rollwire.producers.tasksets import load_taskset
     taskset = load_taskset(args.environment, **parse_options(args.option, "rollwire eval"))
     settings = {"limit": args.limit, "samples": args.samples, "temperature": args.temperature,

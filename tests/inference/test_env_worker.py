@@ -238,3 +238,59 @@ def test_one_worker_runs_each_environment_with_the_harness_and_runtime_its_setup
     assert {int(pid) == os.getpid() for env, pid in where if env == "calculator"} == {False}  # in its subprocess
     # the agent program's two model calls (a tool result between them) are both in its rollouts
     assert all(r.loss_mask.count(0) > 0 for r in rollouts if r.environment == "math-word")
+
+
+def _zero_runs(rollout) -> list[list[int]]:
+    """The completion's runs of environment tokens (loss mask 0), in order."""
+    runs, run = [], []
+    for token, mask in zip(rollout.completion_token_ids, rollout.loss_mask):
+        if mask:
+            if run:
+                runs.append(run)
+            run = []
+        else:
+            run.append(token)
+    return runs + ([run] if run else [])
+
+
+def test_a_conversation_with_a_simulated_user_trains_only_the_models_turns(vllm_server, tiny_models, version_base,
+                                                                            tmp_path):
+    """higher-lower's Python user answers a model overfitted to one game (10, 15, 13 for the secret
+    13), and, in a second environment, the served model itself plays the user through its OpenAI
+    API: every user turn is in the trace and masked out of training, and the rewards read the whole
+    conversation."""
+    from rollwire.producers.environment import EnvironmentSetup
+    taskset = load_taskset("higher-lower", seed=0, count=1)
+    row = {**next(taskset.rows()), "task_id": "hl-13", "secret": 13}
+    game = row["messages"] + [{"role": "assistant", "content": "10"}, {"role": "user", "content": "Higher."},
+                              {"role": "assistant", "content": "15"}, {"role": "user", "content": "Lower."},
+                              {"role": "assistant", "content": "13"}]
+    model = tiny_models.overfitted(tmp_path / "guesser", [game], seed=6, max_loss=0.05)
+    vllm_server.control.swap_full_weights(str(model), str(version_base))
+    log, topics = fresh_log(tmp_path / "log", "talk")
+    send_tasks(log, topics, "higher-lower", [row], group_size=1, max_tokens=8, temperature=0.0)
+    send_tasks(log, topics, "model-user", [{**row, "task_id": "hl-model"}], group_size=1, max_tokens=8,
+               temperature=0.0)
+    user_model = {"base_url": f"{vllm_server.base_url}/v1", "model": "policy", "max_tokens": 6, "temperature": 0.0}
+    worker = EnvWorker(log, topics, vllm_server.control, {"higher-lower": taskset, "model-user": taskset},
+                       setups={"model-user": EnvironmentSetup(harness_options={"user_model": user_model,
+                                                                               "max_turns": 2})})
+    assert step_until(worker, 2, tries=30) == 2
+    rollouts = {r.environment: r for r in read(log, topics.rollouts)}
+    traces = {t.rollout_id: t for t in read(log, topics.traces)}
+
+    played = rollouts["higher-lower"]
+    assert played.error is None and played.rewards == {"found": 1.0} and played.metrics == {"guesses": 3.0}
+    messages = [(n.role, n.content) for n in traces[played.rollout_id].nodes if n.kind == "message"]
+    assert messages == [(m["role"], m["content"]) for m in game]
+    turn = "\n<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+    assert [tiny_models.tokenizer.decode(run) for run in _zero_runs(played)] == [turn.format("Higher."),
+                                                                                 turn.format("Lower.")]
+    assert sum(played.loss_mask) == sum(len(n.call.completion_token_ids)
+                                        for n in traces[played.rollout_id].nodes if n.kind == "llm_call")
+
+    talked = rollouts["model-user"]  # the served model said something as the user; it is not trained
+    assert talked.error is None and talked.metrics == {"guesses": 2.0}
+    said = [n.content for n in traces[talked.rollout_id].nodes if n.kind == "message" and n.role == "user"][1:]
+    assert len(said) == 1
+    assert [tiny_models.tokenizer.decode(run) for run in _zero_runs(talked)] == [turn.format(said[0])]

@@ -1,50 +1,16 @@
-"""The LLM judge's own logic against a scripted OpenAI-compatible endpoint (a few lines of
-http.server here): the score read from the reply, retries with every reason, and no silent 0. The
-judge against a real vLLM server is tests/inference/test_judge.py."""
+"""The LLM judge's own logic against a scripted OpenAI-compatible endpoint (`tests/scripted_server.py`):
+the score read from the reply, retries with every reason, and no silent 0. The judge against a real
+vLLM server is tests/inference/test_judge.py."""
 
 from __future__ import annotations
-
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from judged import JudgedQuestions
 from pydantic import ValidationError
+from scripted_server import ScriptedServer
 
 from rollwire.producers.judges import JudgeError, JudgeSettings, LlmJudge
 from rollwire.producers.tasksets import RolloutView
-
-
-class Scripted:
-    """Answers each chat request with the next reply of `replies` (an int: that HTTP status)."""
-
-    def __init__(self, replies: list) -> None:
-        self.replies, self.prompts = list(replies), []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.prompts.append(body["messages"][0]["content"])
-                reply = outer.replies.pop(0)
-                status, payload = (reply, {"error": "busy"}) if isinstance(reply, int) else \
-                    (200, {"choices": [{"message": {"content": reply}}]})
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-
-    def close(self) -> None:
-        self.server.shutdown()
 
 
 @pytest.fixture
@@ -52,7 +18,7 @@ def endpoint():
     made = []
 
     def make(*replies):
-        made.append(Scripted(list(replies)))
+        made.append(ScriptedServer(list(replies)))
         return made[-1]
     yield make
     for server in made:
@@ -74,14 +40,14 @@ def test_a_failed_try_is_retried_and_every_reason_is_kept_when_all_fail(endpoint
     with pytest.raises(JudgeError) as caught:
         LlmJudge(JudgeSettings(base_url=failing.url, model="judge", retries=2)).score(question="q", answer="a")
     message = str(caught.value)
-    assert "try 1: HttpError" in message and "503" in message
+    assert "try 1: EndpointError" in message and "503" in message
     assert "try 2: no score in the reply 'no number here'" in message
     assert "try 3: score 42 is outside 0..10" in message
 
 
 def test_an_unreachable_judge_or_a_rubric_asking_for_a_missing_field_is_an_error_not_zero():
     judge = LlmJudge(JudgeSettings(base_url="http://127.0.0.1:9/v1", model="judge", retries=0, timeout_s=2))
-    with pytest.raises(JudgeError, match="gave no score: try 1: HttpError"):
+    with pytest.raises(JudgeError, match="gave no score: try 1: EndpointError"):
         judge.score(question="q", answer="a")
     with pytest.raises(JudgeError, match="the rubric names 'reference' but the reward gave only question, answer"):
         LlmJudge(JudgeSettings(base_url="http://x/v1", model="m", rubric="{reference} {answer}")).score(
