@@ -170,6 +170,15 @@ def rollout_id(group_id: str, index: int) -> str:
     return f"{group_id}-{index}"
 
 
+def task_text(taskset: Taskset, row: dict) -> str | None:
+    """What the row asks, as text (`Taskset.task_text`, user code: None when it fails)."""
+    try:
+        return taskset.task_text(row)
+    except Exception:
+        logger.warning("taskset %s: task_text failed on row %s", taskset.name, row.get("task_id"), exc_info=True)
+        return None
+
+
 def trace_nodes(interceptor: Interceptor, branches: list[int]) -> list[TraceNode]:
     """The rollout's message graph: messages as the model first saw them, each inference call, each
     reply, in order, one chain; a call's branch (from assembly) also marks the messages that led to it."""
@@ -390,6 +399,7 @@ class EnvWorker:
             completion_token_ids=record.completion_token_ids, completion_logprobs=record.completion_logprobs,
             loss_mask=record.loss_mask, weight_versions=record.weight_versions, rewards=judgement.rewards,
             reward=judgement.reward, metrics=judgement.metrics, error=judgement.error,
+            question=task_text(taskset, task.task), answer=answer,
             timings=RolloutTimings(queued_s=max(0.0, (now_ms() - task.issued_at_ms) / 1000 - ran),
                                    inference_s=inference, environment_s=max(0.0, ran - inference),
                                    scoring_s=time.perf_counter() - judged_at))

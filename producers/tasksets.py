@@ -92,6 +92,16 @@ class Taskset(ABC):
     def rows(self) -> Iterator[dict[str, Any]]:
         """Task rows, each with a stable `task_id`."""
 
+    def task_text(self, row: dict[str, Any]) -> str:
+        """What `row` asks, as text, for judges that compare answers (a pairwise group reward): its
+        `question`, else its last user message, else its `prompt`. Override for other rows."""
+        if isinstance(row.get("question"), str):
+            return row["question"]
+        users = [m.get("content") for m in row.get("messages") or [] if m.get("role") == "user"]
+        if users and isinstance(users[-1], str):
+            return users[-1]
+        return str(row.get("prompt", ""))
+
     def demonstration(self, row: dict[str, Any], rng: random.Random) -> str:
         """A scripted teacher's completion for `row` (for supervised warm starts); optional."""
         raise ConfigError(f"taskset {self.name!r} has no scripted teacher (a `demonstration` method); "

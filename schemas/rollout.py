@@ -146,6 +146,12 @@ class RolloutCompleted(Event):
     traceparent: str | None = None
     """W3C trace context of the rollout's span, so that scoring (which may happen long after, in
     another process, from stored group state) continues the rollout's trace; None when untraced."""
+    question: str | None = None
+    """What the task asked, as text (`Taskset.task_text`), for group rewards that read it (a
+    pairwise judge); None when errored, or from env workers before it."""
+    answer: str | None = None
+    """The harness's final answer text (what the rewards judged), for group rewards that compare
+    answers; None when errored, or from env workers before it."""
 
     @property
     def min_version(self) -> int | None:

@@ -1,6 +1,7 @@
 """A scripted OpenAI-compatible server over real HTTP (a few lines of http.server), for the code that
 asks such an endpoint as a client: the LLM judge, the simulated user. Each POST gets the next reply
-of the script (an int: that HTTP status with an error body); every request body is kept."""
+of the script (an int: that HTTP status with an error body), or, when the script is a function,
+its reply to the request's body; every request body is kept."""
 
 from __future__ import annotations
 
@@ -10,14 +11,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class ScriptedServer:
-    def __init__(self, replies: list) -> None:
-        self.replies, self.bodies = list(replies), []
+    def __init__(self, replies) -> None:
+        self.replies, self.bodies = replies if callable(replies) else list(replies), []
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 - http.server's name
-                outer.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-                reply = outer.replies.pop(0)
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.bodies.append(body)
+                reply = outer.replies(body) if callable(outer.replies) else outer.replies.pop(0)
                 status, payload = (reply, {"error": "busy"}) if isinstance(reply, int) else \
                     (200, {"choices": [{"message": {"content": reply}}]})
                 data = json.dumps(payload).encode()
