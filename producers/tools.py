@@ -64,6 +64,16 @@ class Toolbox:
     def teardown(self) -> None:  # noqa: B027 - optional
         """Releases the state; runs even when the rollout failed."""
 
+    @classmethod
+    def tools(cls) -> list[Tool]:
+        """Its tools: the methods marked `@tool`, in the order they are defined (a toolbox whose
+        tools are found at run time, e.g. an MCP server's, overrides this)."""
+        found = [Tool.of(member, toolbox=cls) for _, member in vars(cls).items()
+                 if callable(member) and hasattr(member, "__rollwire_tool__")]
+        if not found:
+            raise ConfigError(f"toolbox {cls.__qualname__} has no tools: mark its methods with @tool")
+        return found
+
 
 def tool(fn: Callable | None = None, *, name: str | None = None) -> Any:
     """Marks a function, or a method of a `Toolbox`, as a tool (`name`: default the function's)."""
@@ -112,10 +122,15 @@ class Tool:
     name: str
     description: str
     function: Callable[..., Any]
-    arguments: type[BaseModel]
-    """The call's arguments, checked and converted (the function's parameters, `self` left out)."""
+    arguments: type[BaseModel] | None
+    """The call's arguments, checked and converted (the function's parameters, `self` left out);
+    None for a tool described by `parameters`, whose own server checks its arguments."""
     toolbox: type[Toolbox] | None = None
     """The toolbox whose per-rollout instance the function is called on; None: a plain function."""
+    parameters: dict[str, Any] | None = None
+    """The arguments' JSON schema as a tool server gave it (an MCP server's `inputSchema`)."""
+    source: type | None = None
+    """The class that found this tool at run time (an `McpServer`): references name it."""
 
     @classmethod
     def of(cls, function: Callable[..., Any], *, toolbox: type[Toolbox] | None = None) -> Tool:
@@ -135,7 +150,9 @@ class Tool:
     @property
     def schema(self) -> dict[str, Any]:
         """The OpenAI function schema chat templates render into the prompt."""
-        parameters = self.arguments.model_json_schema()
+        parameters: dict[str, Any] = (
+            json.loads(json.dumps(self.parameters)) if self.parameters is not None  # a copy: it is edited below
+            else self.arguments.model_json_schema() if self.arguments is not None else {"type": "object"})
         parameters.pop("title", None)
         parameters.pop("additionalProperties", None)
         for field in parameters.get("properties", {}).values():
@@ -145,8 +162,14 @@ class Tool:
                                                  "parameters": parameters}}
 
     @property
+    def argument_names(self) -> list[str]:
+        if self.arguments is not None:
+            return list(self.arguments.model_fields)
+        return list((self.parameters or {}).get("properties", {}))
+
+    @property
     def first_argument(self) -> str | None:
-        return next(iter(self.arguments.model_fields), None)
+        return next(iter(self.argument_names), None)
 
     @property
     def reference(self) -> str:
@@ -154,6 +177,8 @@ class Tool:
         `module:Toolbox#tool` (a file's path for a module imported from a file)."""
         if self.name in TOOLS and TOOLS.get(self.name) is self:
             return self.name
+        if self.source is not None:
+            return f"{_module_reference(self.source)}:{self.source.__qualname__}#{self.name}"
         owner = self.toolbox or self.function
         reference = f"{_module_reference(owner)}:{owner.__qualname__}"
         return f"{reference}#{self.name}" if self.toolbox is not None else reference
@@ -169,15 +194,6 @@ def _module_reference(owner: Any) -> str:
     return module
 
 
-def toolbox_tools(box: type[Toolbox]) -> list[Tool]:
-    """The tools of a toolbox class: its methods marked `@tool`, in the order they are defined."""
-    found = [Tool.of(member, toolbox=box) for _, member in vars(box).items()
-             if callable(member) and hasattr(member, "__rollwire_tool__")]
-    if not found:
-        raise ConfigError(f"toolbox {box.__qualname__} has no tools: mark its methods with @tool")
-    return found
-
-
 def tools_of(item: Any) -> list[Tool]:
     """The tools an entry of a taskset's `tools` stands for: a function, a `Toolbox` class, a `Tool`,
     or a name or reference (see the module's docstring)."""
@@ -189,7 +205,7 @@ def tools_of(item: Any) -> list[Tool]:
         item, _, one = item.partition("#")
         found = _REFERENCES.get(item)
         if inspect.isclass(found) and issubclass(found, Toolbox):
-            every = toolbox_tools(found)
+            every = found.tools()
             chosen = [t for t in every if t.name == one] if one else every
             if not chosen:
                 raise ConfigError(f"toolbox {item} has no tool {one!r}; it has {', '.join(t.name for t in every)}")
@@ -199,7 +215,7 @@ def tools_of(item: Any) -> list[Tool]:
         if callable(found):
             return [Tool.of(found)]
     if inspect.isclass(item) and issubclass(item, Toolbox):
-        return toolbox_tools(item)
+        return item.tools()
     if callable(item):
         return [Tool.of(item)]
     raise ConfigError(f"{item!r} is not a tool: give a function, a Toolbox class, or a tool's name or "
@@ -276,12 +292,15 @@ class ToolSet:
             return f"error: no tool {name!r}; the tools are {known}"
         if isinstance(arguments, str):
             arguments = {found.first_argument: arguments} if found.first_argument else {}
-        try:
-            checked = found.arguments.model_validate(arguments)
-        except ValidationError as exc:
-            return f"error: {name}: {_argument_problems(exc, found)}"
-        values = {k: getattr(checked, k) for k in found.arguments.model_fields if k in checked.model_fields_set
-                  or found.arguments.model_fields[k].is_required()}
+        if found.arguments is None:  # its server checks the arguments and says what is wrong
+            values = dict(arguments)
+        else:
+            try:
+                checked = found.arguments.model_validate(arguments)
+            except ValidationError as exc:
+                return f"error: {name}: {_argument_problems(exc, found)}"
+            values = {k: getattr(checked, k) for k in found.arguments.model_fields if k in checked.model_fields_set
+                      or found.arguments.model_fields[k].is_required()}
         target = found.function
         if found.toolbox is not None:
             box = self._boxes.get(found.toolbox)
@@ -296,7 +315,7 @@ class ToolSet:
 
 
 def _argument_problems(exc: ValidationError, found: Tool) -> str:
-    valid = list(found.arguments.model_fields)
+    valid = found.argument_names
     return "; ".join(validation_problems(exc, valid, "argument")) + f" (it takes {', '.join(valid) or 'no arguments'})"
 
 
