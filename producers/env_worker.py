@@ -389,6 +389,7 @@ class EnvWorker:
         record = assemble(interceptor.calls)
         judged_at = time.perf_counter()
         judgement = taskset.judge(RolloutView(task=task.task, completion=answer, messages=interceptor.conversation,
+                                              sandbox=interceptor.grading,
                                               completion_tokens=sum(record.loss_mask),
                                               finish_reason=interceptor.finish_reason))
         inference = sum(c.latency_s for c in interceptor.calls)

@@ -104,6 +104,9 @@ class Interceptor:
         self.events: list[tuple[str, dict | int]] = []
         """The rollout as it happened, for its trace: `("message", {"role", "content"})` for each chat
         message the model was shown for the first time and each reply, `("call", i)` for `calls[i]`."""
+        self.grading: dict | None = None
+        """What a grading command in the rollout's sandbox reported (`ContainerSettings.grade_command`):
+        `returncode`, `stdout`, `stderr`, `timed_out`; rewards see it as `RolloutView.sandbox`."""
         self.conversation: list[dict] = []
         """The last chat call's messages and the reply to it: what rewards see as `RolloutView.messages`."""
         self._shown: list[dict] = []

@@ -9,6 +9,7 @@
     memory_mb = 512
     cpus = 1.0
     pids = 64
+    grade_command = ["python3", "/agents/grade.py"]   # optional: graded in the same container, after the agent
 
 One `docker run` per rollout (about half a second of start-up on these machines; a warm pool is not
 built), with:
@@ -89,6 +90,13 @@ class ContainerSettings(BaseModel):
     """Who the container runs as (`nobody` by default; never root)."""
     docker: str = "docker"
     """The Docker client to call; DOCKER_HOST in the worker's environment picks the engine."""
+    grade_command: list[str] | None = None
+    """Run in the rollout's container after its agent or harness finished well, before the
+    container is removed: it sees the files the agent left and gets its answer (ROLLWIRE_ANSWER)
+    and task (ROLLWIRE_TASK). Its exit code and output reach the rewards as `RolloutView.sandbox`
+    (e.g. run the tests of the repository the agent edited)."""
+    grade_timeout_s: float = Field(default=60.0, gt=0)
+    """Most seconds the grading command may take; past it, `sandbox["timed_out"]` is true."""
 
 
 class Container(Runtime):
@@ -132,13 +140,16 @@ class Container(Runtime):
         if self.settings.command is None:
             env["ROLLWIRE_HARNESS"] = harness
             env["ROLLWIRE_HARNESS_OPTIONS"] = json.dumps(options or {})
+        if self.settings.grade_command:
+            env["ROLLWIRE_GRADE_COMMAND"] = json.dumps(self.settings.grade_command)
+            env["ROLLWIRE_GRADE_TIMEOUT_S"] = f"{self.settings.grade_timeout_s:g}"
         try:
             done = self._run_container(name, env, timeout_s)
         finally:
             self.server.close(base_url)
         if self._closing:
             raise HarnessError("the worker stopped and removed the rollout's container")
-        return self._answer(done, timeout_s)
+        return self._answer(done, timeout_s, interceptor)
 
     def _run_container(self, name: str, env: dict[str, str], timeout_s: float) -> subprocess.CompletedProcess:
         s = self.settings
@@ -151,17 +162,18 @@ class Container(Runtime):
                 "-v", f"{ENTRY}:/rollwire/entry.py:ro",
                 *[arg for mount in s.mounts for arg in ("-v", f"{mount}:ro")],
                 *[arg for key in env for arg in ("-e", key)], s.image, "python3", "/rollwire/entry.py", *command]
+        limit = timeout_s + START_GRACE_S + (s.grade_timeout_s if s.grade_command else 0.0)
         try:
             return subprocess.run(argv, env={"PATH": os.environ.get("PATH", ""), **_docker_client_env(), **env},
-                                  capture_output=True, text=True, errors="replace", timeout=timeout_s + START_GRACE_S,
+                                  capture_output=True, text=True, errors="replace", timeout=limit,
                                   preexec_fn=die_with_parent)
         except subprocess.TimeoutExpired as exc:  # the engine never started it, or the entry hung: a backstop
-            raise HarnessTimeout(f"the container did not finish within {timeout_s + START_GRACE_S:g} s "
-                                 "(the rollout's limit and the start-up grace) and was removed") from exc
+            raise HarnessTimeout(f"the container did not finish within {limit:g} s (the rollout's limit, the "
+                                 "grading's and the start-up grace) and was removed") from exc
         finally:
             self._call("rm", "-f", "-v", name)
 
-    def _answer(self, done: subprocess.CompletedProcess, timeout_s: float) -> str:
+    def _answer(self, done: subprocess.CompletedProcess, timeout_s: float, interceptor: Interceptor) -> str:
         lines = done.stdout.strip().splitlines()
         try:
             result = json.loads(lines[-1]) if lines else None
@@ -184,6 +196,7 @@ class Container(Runtime):
                                                                       else ""))
         if result.get("timed_out"):
             raise HarnessTimeout(f"the agent in its container ran past {timeout_s:g} s and was killed")
+        interceptor.grading = result.get("grade")
         if result["returncode"] != 0:
             stderr = result.get("stderr", "").strip()
             hint = (" (the container has no network: only the rollout's model URL answers)"

@@ -10,6 +10,11 @@ OpenAI-compatible URL on that loopback (OPENAI_BASE_URL, and ROLLWIRE_MODEL_URL 
 harness entry point) for at most $ROLLWIRE_TIMEOUT_S, then prints one JSON line: the command's exit
 code and output (or that it timed out), and how often the container's memory and process limits
 were hit (read from its cgroup, v1 or v2), and exits, ending whatever the command left running.
+
+With $ROLLWIRE_GRADE_COMMAND (a JSON list), a command that finished well is graded in the same
+container before it ends: the grading command runs with the files the agent left and its answer
+($ROLLWIRE_ANSWER), for at most $ROLLWIRE_GRADE_TIMEOUT_S, and its exit code and output go into
+the JSON line as `grade`.
 """
 
 from __future__ import annotations
@@ -73,6 +78,30 @@ def _relay(listener: socket.socket, path: str) -> None:
         threading.Thread(target=_pipe, args=(upstream, client), daemon=True).start()
 
 
+def answer_of(stdout: str) -> str:
+    """The command's answer: its last line (rollwire's harness entry point writes {"answer": ...})."""
+    lines = stdout.strip().splitlines()
+    last = lines[-1] if lines else ""
+    try:
+        reply = json.loads(last)
+    except ValueError:
+        return last
+    return str(reply["answer"]) if isinstance(reply, dict) and "answer" in reply else last
+
+
+def grade(command: list[str], env: dict[str, str], answer: str, timeout_s: float) -> dict:
+    """Runs the grading command in this container, after the agent: its exit code and output."""
+    try:
+        done = subprocess.run(command, env={**env, "ROLLWIRE_ANSWER": answer}, capture_output=True, text=True,
+                              errors="replace", timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"returncode": None, "stdout": "", "stderr": "", "timed_out": True}
+    except OSError as exc:
+        return {"returncode": 127, "stdout": "", "stderr": f"{type(exc).__name__}: {exc}", "timed_out": False}
+    return {"returncode": done.returncode, "stdout": done.stdout[-OUTPUT_LIMIT:], "stderr": done.stderr[-OUTPUT_LIMIT:],
+            "timed_out": False}
+
+
 def main(argv: list[str]) -> int:
     if not argv:
         print(json.dumps({"error": "no command given"}))
@@ -98,6 +127,10 @@ def main(argv: list[str]) -> int:
             result = {"returncode": child.returncode, "stdout": stdout[-OUTPUT_LIMIT:], "stderr": stderr[-OUTPUT_LIMIT:]}
         except subprocess.TimeoutExpired:  # what it started may hold its pipes: report, then end the container
             result = {"timed_out": True, "stdout": "", "stderr": ""}
+    grade_command = json.loads(os.environ.get("ROLLWIRE_GRADE_COMMAND") or "null")
+    if grade_command and result.get("returncode") == 0:
+        result["grade"] = grade(grade_command, env, answer_of(result["stdout"]),
+                                float(os.environ.get("ROLLWIRE_GRADE_TIMEOUT_S", "60")))
     result.update({what: counter(what) for what in COUNTERS})
     print(json.dumps(result), flush=True)
     os._exit(0)  # as PID 1: whatever the command left running ends with the container

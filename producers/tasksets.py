@@ -46,6 +46,9 @@ class RolloutView:
     """Tokens the model sampled over the rollout."""
     finish_reason: str | None = None
     """Why the last call stopped (`stop`, `length`, …)."""
+    sandbox: dict[str, Any] | None = None
+    """What the grading command in the rollout's container reported (`[env_workers.container]
+    grade_command`): `returncode`, `stdout`, `stderr`, `timed_out`; None without one."""
 
 
 def reward(name: str, weight: float = 1.0) -> Callable:

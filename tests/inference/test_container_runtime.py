@@ -13,17 +13,19 @@ from pathlib import Path
 import pytest
 from docker_engine import engine_with_images
 
+from rollwire.consumers.vllm_control import VllmControl
 from rollwire.core.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
 from rollwire.producers.env_worker import EnvWorker, EnvWorkerSettings
 from rollwire.producers.interception import Interceptor
 from rollwire.producers.routing import Router
 from rollwire.producers.sandbox import OWNER_LABEL, Container, ContainerSettings
-from rollwire.producers.tasksets import load_taskset
+from rollwire.producers.tasksets import RolloutView, Taskset, load_taskset, metric, reward
 from rollwire.schemas import Codec, SamplingParams, TaskAssigned, Topics
 
 pytestmark = [pytest.mark.container, pytest.mark.slow, pytest.mark.timeout(900)]
 
 AGENT = Path(__file__).resolve().parent.parent / "data" / "sandbox" / "agent.py"
+GRADER = AGENT.with_name("grade.py")
 IMAGE = "local/python:3.11"
 
 
@@ -33,8 +35,9 @@ def agents(tmp_path_factory) -> Iterator[Path]:
     with engine_with_images(["debian", "python"], "the container runtime test"):
         folder = tmp_path_factory.mktemp("agents")
         folder.chmod(0o755)
-        shutil.copy(AGENT, folder / "agent.py")
-        (folder / "agent.py").chmod(0o644)
+        for program in (AGENT, GRADER):
+            shutil.copy(program, folder / program.name)
+            (folder / program.name).chmod(0o644)
         yield folder
 
 
@@ -126,4 +129,56 @@ def test_a_dead_workers_containers_are_removed_by_the_next_runtime(agents):
     runtime.close()
     gone = subprocess.run(["docker", "inspect", orphan], capture_output=True, text=True)
     assert gone.returncode != 0, "the dead worker's container is still there"
+    assert not left_running()
+
+
+class Repair(Taskset):
+    """Rewarded by the tests a grading command runs in the rollout's own container."""
+
+    name = "repair"
+
+    def rows(self):
+        yield from ()
+
+    @reward("tests_pass")
+    def tests_pass(self, r: RolloutView) -> float:
+        return float(r.sandbox is not None and r.sandbox["returncode"] == 0 and "1 passed" in r.sandbox["stdout"])
+
+    @metric("grader_saw_the_answer")
+    def grader_saw_the_answer(self, r: RolloutView) -> float:
+        return float(r.sandbox is not None and f"answer: {r.completion}" in r.sandbox["stdout"])
+
+
+def test_a_reward_sees_what_a_grading_command_found_in_the_rollouts_container(tmp_path, agents):
+    """The agents work without the model (the route is never called): one leaves a working file in
+    its container, one leaves none; the grading command tests the file in the same container,
+    after the agent and before the container is removed."""
+    topics = Topics("graded")
+    log = open_log(EmbeddedBusSettings(path=tmp_path / "log"))
+    log.create_topics(catalog_topics(topics))
+    producer = EventProducer(log.producer(), topics, name="dispatcher")
+    for behave in ("repair", "give-up"):
+        producer.send(topics.tasks, TaskAssigned(task_id=behave, environment="repair", algorithm="grpo", group_size=1,
+                                                 task={"behave": behave}, policy_version=0), key=behave)
+    producer.close()
+    container = settings(agents, grade_command=["python3", "/agents/grade.py"], grade_timeout_s=30)
+    worker = EnvWorker(log, topics, Router.single(VllmControl("http://127.0.0.1:9")), {"repair": Repair()},
+                       EnvWorkerSettings(runtime="container", rollout_timeout_s=30, concurrency=2, container=container))
+    try:
+        published = 0
+        for _ in range(60):
+            published += worker.step(timeout_s=1.0)
+            if published == 2:
+                break
+    finally:
+        worker.close()
+    rollouts = {}
+    with log.reader([topics.rollouts]) as reader:
+        while batch := reader.poll_batch(100, 0.5):
+            rollouts.update({e.task_id: e for e in (Codec().decode(r.value).event for r in batch)})
+    log.close()
+    assert published == 2 and {task: (r.error, r.rewards) for task, r in rollouts.items()} == {
+        "repair": (None, {"tests_pass": 1.0}), "give-up": (None, {"tests_pass": 0.0})}
+    assert rollouts["repair"].answer == "fixed"
+    assert [r.metrics["grader_saw_the_answer"] for r in rollouts.values()] == [1.0, 1.0]
     assert not left_running()

@@ -6,6 +6,8 @@ What it does comes from its task row's `behave`:
     fork       forks without end (a fork bomb)
     memory     allocates without end
     hang       sleeps past any time limit
+    repair     no model call: writes a working /tmp/solution.py (what grade.py tests) and says "fixed"
+    give-up    no model call, no file: says "gave up"
 """
 
 import json
@@ -38,6 +40,12 @@ if behave == "memory":
         held.append(bytearray(32 << 20))
 if behave == "hang":
     time.sleep(3600)
+if behave in ("repair", "give-up"):
+    if behave == "repair":
+        with open("/tmp/solution.py", "w") as f:
+            f.write("def add(a, b):\n    return a + b\n")
+    print("fixed" if behave == "repair" else "gave up")
+    raise SystemExit(0)
 answer = complete(task["prompt"])
 if behave == "network":
     for host, port in (("1.1.1.1", 443), ("172.17.0.1", 22), ("pypi.org", 443)):
