@@ -9,8 +9,11 @@ Nothing here records tokens: the policy's own calls in a rollout go through its 
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from rollwire.core import telemetry
 from rollwire.core.errors import RollwireError
 from rollwire.core.http import HttpError, JsonClient
 
@@ -49,3 +52,23 @@ class OpenAIEndpoint:
             return reply["choices"][0]["text"]
         except (KeyError, IndexError, TypeError) as exc:
             raise EndpointError(f"{self.base_url}/completions answered without a text: {str(reply)[:300]}") from exc
+
+
+def replies(ask: Callable[[], str], *, retries: int, span: str, prefix: str, attributes: dict[str, Any],
+            reasons: list[str]) -> Iterator[tuple[int, str, Any]]:
+    """Asks (`ask()`) up to `retries` + 1 times, each try a span `span` with its seconds, reply or
+    error under `prefix`; yields (try, reply, its span) for each reply, for the caller to return on a good
+    one or note in `reasons` why it is not and go on. A failed request is noted there itself."""
+    for attempt in range(retries + 1):
+        with telemetry.tracer().start_as_current_span(span, attributes={**attributes, f"{prefix}.attempt": attempt}) as current:
+            started = time.perf_counter()
+            try:
+                reply = ask()
+            except EndpointError as exc:  # no answer, or not an OpenAI one
+                reasons.append(f"try {attempt + 1}: {type(exc).__name__}: {exc}")
+                current.set_attribute(f"{prefix}.error", str(exc)[:300])
+                continue
+            finally:
+                current.set_attribute(f"{prefix}.seconds", time.perf_counter() - started)
+            current.set_attribute(f"{prefix}.reply", reply[:500])
+            yield attempt, reply, current

@@ -26,12 +26,10 @@ but `judge`: that is `Taskset.judge`, which runs the rewards.)
 from __future__ import annotations
 
 import re
-import time
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from rollwire.core import telemetry
-from rollwire.core.endpoints import EndpointError, OpenAIEndpoint
+from rollwire.core.endpoints import OpenAIEndpoint, replies
 from rollwire.core.errors import RollwireError
 
 DEFAULT_RUBRIC = """You grade answers. Question:
@@ -100,30 +98,20 @@ class LlmJudge:
             prompt = self.settings.rubric.format(**fields)
         except KeyError as exc:
             raise JudgeError(f"the rubric names {exc} but the reward gave only {', '.join(fields)}") from None
-        reasons = []
-        for attempt in range(self.settings.retries + 1):
-            with telemetry.tracer().start_as_current_span("judge call", attributes={
-                    "rollwire.judge.model": self.settings.model, "rollwire.judge.attempt": attempt}) as span:
-                started = time.perf_counter()
-                try:
-                    reply = self._ask(prompt)
-                except EndpointError as exc:  # no answer, or not an OpenAI one
-                    reasons.append(f"try {attempt + 1}: {type(exc).__name__}: {exc}")
-                    span.set_attribute("rollwire.judge.error", str(exc)[:300])
-                    continue
-                finally:
-                    span.set_attribute("rollwire.judge.seconds", time.perf_counter() - started)
-                span.set_attribute("rollwire.judge.reply", reply[:500])
-                found = self._pattern.search(reply)
-                if found is None:
-                    reasons.append(f"try {attempt + 1}: no score in the reply {reply[:200]!r}")
-                    continue
-                value = float(found.group(1))
-                if not 0 <= value <= self.settings.scale:
-                    reasons.append(f"try {attempt + 1}: score {value:g} is outside 0..{self.settings.scale:g}")
-                    continue
-                span.set_attribute("rollwire.judge.score", value)
-                return value / self.settings.scale
+        reasons: list[str] = []
+        for attempt, reply, span in replies(lambda: self._ask(prompt), retries=self.settings.retries, span="judge call",
+                                            prefix="rollwire.judge", attributes={"rollwire.judge.model": self.settings.model},
+                                            reasons=reasons):
+            found = self._pattern.search(reply)
+            if found is None:
+                reasons.append(f"try {attempt + 1}: no score in the reply {reply[:200]!r}")
+                continue
+            value = float(found.group(1))
+            if not 0 <= value <= self.settings.scale:
+                reasons.append(f"try {attempt + 1}: score {value:g} is outside 0..{self.settings.scale:g}")
+                continue
+            span.set_attribute("rollwire.judge.score", value)
+            return value / self.settings.scale
         raise JudgeError(f"the judge {self.settings.model} at {self.settings.base_url} gave no score: "
                          + "; ".join(reasons))
 

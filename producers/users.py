@@ -27,13 +27,11 @@ shown in the rollout's trace as `user` messages; each call to a user model is a 
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rollwire.core import telemetry
-from rollwire.core.endpoints import EndpointError, OpenAIEndpoint
+from rollwire.core.endpoints import OpenAIEndpoint, replies
 from rollwire.core.errors import ConfigError, RollwireError
 from rollwire.core.registry import Registry, UnknownNameError
 
@@ -97,23 +95,13 @@ class UserModel:
         flipped = [{"role": "system", "content": persona}] + [
             {"role": "assistant" if m["role"] == "user" else "user", "content": m.get("content") or ""}
             for m in messages if m.get("role") in ("user", "assistant")]
-        reasons = []
-        for attempt in range(s.retries + 1):
-            with telemetry.tracer().start_as_current_span("simulated user", attributes={
-                    "rollwire.user.model": s.model, "rollwire.user.attempt": attempt}) as span:
-                started = time.perf_counter()
-                try:
-                    text = self._endpoint.chat(flipped, max_tokens=s.max_tokens, temperature=s.temperature)
-                except EndpointError as exc:
-                    reasons.append(f"try {attempt + 1}: {exc}")
-                    span.set_attribute("rollwire.user.error", str(exc)[:300])
-                    continue
-                finally:
-                    span.set_attribute("rollwire.user.seconds", time.perf_counter() - started)
-                span.set_attribute("rollwire.user.reply", text[:500])
-                if s.done_marker and s.done_marker.lower() in text.lower():
-                    return None
-                return text.strip()
+        reasons: list[str] = []
+        for _, text, _ in replies(lambda: self._endpoint.chat(flipped, max_tokens=s.max_tokens, temperature=s.temperature),
+                                  retries=s.retries, span="simulated user", prefix="rollwire.user",
+                                  attributes={"rollwire.user.model": s.model}, reasons=reasons):
+            if s.done_marker and s.done_marker.lower() in text.lower():
+                return None
+            return text.strip()
         raise UserError(f"the user model {s.model} at {s.base_url} did not answer: " + "; ".join(reasons))
 
 

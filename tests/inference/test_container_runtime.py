@@ -46,6 +46,25 @@ def settings(agents: Path, **limits) -> ContainerSettings:
                              **limits)
 
 
+def work(worker: EnvWorker, log, topics: Topics, rollouts: int) -> tuple[int, dict]:
+    """Steps `worker` until it has published `rollouts` (a minute at most), closes it and the log;
+    returns how many it published and the rollouts by task id."""
+    try:
+        published = 0
+        for _ in range(60):
+            published += worker.step(timeout_s=1.0)
+            if published == rollouts:
+                break
+    finally:
+        worker.close()
+    found = {}
+    with log.reader([topics.rollouts]) as reader:
+        while batch := reader.poll_batch(100, 0.5):
+            found.update({e.task_id: e for e in (Codec().decode(r.value).event for r in batch)})
+    log.close()
+    return published, found
+
+
 def left_running() -> list[str]:
     return subprocess.run(["docker", "ps", "-aq", "--filter", f"label={OWNER_LABEL}"], capture_output=True,
                           text=True, check=True).stdout.split()
@@ -93,19 +112,7 @@ def test_hostile_agents_end_as_errored_rollouts_and_the_worker_goes_on(tmp_path,
                                         container=settings(agents, memory_mb=96, pids=32))
     worker = EnvWorker(log, topics, Router.single(vllm_server.control), {
         "reverse-digits": load_taskset("reverse-digits", count=1)}, worker_settings)
-    try:
-        published = 0
-        for _ in range(60):
-            published += worker.step(timeout_s=1.0)
-            if published == len(behaviours):
-                break
-    finally:
-        worker.close()
-    rollouts = {}
-    with log.reader([topics.rollouts]) as reader:
-        while batch := reader.poll_batch(100, 0.5):
-            rollouts.update({e.task_id: e for e in (Codec().decode(r.value).event for r in batch)})
-    log.close()
+    published, rollouts = work(worker, log, topics, len(behaviours))
     assert published == len(behaviours) and sorted(rollouts) == sorted(behaviours)
     errors = {task: (r.error.kind, r.error.message) if r.error else None for task, r in rollouts.items()}
     assert errors["fork"][0] == "resource_limit" and "limit of 32 processes" in errors["fork"][1], errors
@@ -164,19 +171,7 @@ def test_a_reward_sees_what_a_grading_command_found_in_the_rollouts_container(tm
     container = settings(agents, grade_command=["python3", "/agents/grade.py"], grade_timeout_s=30)
     worker = EnvWorker(log, topics, Router.single(VllmControl("http://127.0.0.1:9")), {"repair": Repair()},
                        EnvWorkerSettings(runtime="container", rollout_timeout_s=30, concurrency=2, container=container))
-    try:
-        published = 0
-        for _ in range(60):
-            published += worker.step(timeout_s=1.0)
-            if published == 2:
-                break
-    finally:
-        worker.close()
-    rollouts = {}
-    with log.reader([topics.rollouts]) as reader:
-        while batch := reader.poll_batch(100, 0.5):
-            rollouts.update({e.task_id: e for e in (Codec().decode(r.value).event for r in batch)})
-    log.close()
+    published, rollouts = work(worker, log, topics, 2)
     assert published == 2 and {task: (r.error, r.rewards) for task, r in rollouts.items()} == {
         "repair": (None, {"tests_pass": 1.0}), "give-up": (None, {"tests_pass": 0.0})}
     assert rollouts["repair"].answer == "fixed"

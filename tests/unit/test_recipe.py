@@ -103,7 +103,7 @@ def test_the_recipe_owns_the_runs_names_and_every_component_gets_them(tmp_path):
     (ENV + "[trainer]\nloss = 'ppo_clp'", "trainer: unknown loss 'ppo_clp'; valid: .*did you mean 'ppo_clip'"),
     (ENV + "[trainer]\nloss_params = { eps_hi = 0.3 }", "no parameter 'eps_hi' \\(did you mean 'eps_high'\\?\\)"),
     (ENV + "[scorer.group_rewards]\nreverse-digits = [{ name = 'shortest' }]",
-     "unknown group reward 'shortest'; valid: shortest_correct \\(did you mean 'shortest_correct'\\?\\)"),
+     "unknown group reward 'shortest'; valid: pairwise_judge, shortest_correct \\(did you mean 'shortest_correct'\\?\\)"),
     (ENV + "[scorer.group_rewards]\nreverse-digits = [{ name = 'shortest_correct', bonnus = 1 }]",
      "group reward shortest_correct has no option 'bonnus' \\(did you mean 'bonus'\\?\\)"),
     (ENV + "[env_workers]\nruntime = 'docker'", "env_workers.runtime: Input should be 'in-process', 'subprocess' or 'container'"),
