@@ -20,7 +20,7 @@ read from the reply, after `retries` more tries) raises `JudgeError` with every 
 rollout is published errored (kind `reward`), never scored 0 in silence. Each rollout's judging
 runs in its own rollout thread, so judge calls of different rollouts run at once and never hold
 the loop; each call is a span (`judge call`) in the rollout's trace. (Name the attribute anything
-but `judge`: that is `Taskset.judge`, which runs the rewards.)
+but `judge`: that is `Taskset.judge`, which runs the rewards; `load_taskset` refuses it.)
 """
 
 from __future__ import annotations

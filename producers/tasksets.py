@@ -229,6 +229,14 @@ def check_taskset(name: str, options: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_taskset(name: str, **options: Any) -> Taskset:
-    """The registered taskset `name`, built with `options` (checked first: `check_taskset`)."""
+    """The registered taskset `name`, built with `options` (checked first: `check_taskset`), and
+    checked for attributes that hide a method of `Taskset` (`self.judge = LlmJudge(...)` would
+    replace the method that runs the rewards, and every rollout would fail)."""
     check_taskset(name, options)
-    return TASKSETS.get(name)(**options)
+    taskset = TASKSETS.get(name)(**options)
+    hidden = sorted(set(vars(taskset)) & {n for n, v in vars(Taskset).items() if callable(v) and not n.startswith("__")})
+    if hidden:
+        raise ConfigError(f"taskset {name}: its attribute{'s' if len(hidden) > 1 else ''} {', '.join(hidden)} hide"
+                          f"{'' if len(hidden) > 1 else 's'} the Taskset method{'s' if len(hidden) > 1 else ''} of that "
+                          "name, which rollwire calls: rename the attribute (e.g. self.grader)")
+    return taskset

@@ -294,3 +294,34 @@ def test_a_conversation_with_a_simulated_user_trains_only_the_models_turns(vllm_
     said = [n.content for n in traces[talked.rollout_id].nodes if n.kind == "message" and n.role == "user"][1:]
     assert len(said) == 1
     assert [tiny_models.tokenizer.decode(run) for run in _zero_runs(talked)] == [turn.format(said[0])]
+
+
+def test_eval_of_a_tool_environment_gets_the_rewards_its_training_rollouts_get(vllm_server, tiny_models,
+                                                                               version_base, tmp_path):
+    """The same rows, weights and greedy sampling, once as training rollouts (token ids through the
+    rollout's interceptor) and once as `rollwire eval` runs them (text through the server's OpenAI
+    API): the same tool calls, the same answers, the same rewards, row for row."""
+    from rollwire.core.endpoints import OpenAIEndpoint
+    from rollwire.producers.environments.calculator import Calculator
+    from rollwire.producers.evaluate import evaluate
+
+    class Asked(Calculator):
+        def rows(self):
+            for i, question in enumerate(["What is 6 * 7?", "What is 5 * 3?", "What is 12 + 30?"]):
+                yield {"task_id": f"asked-{i}", "reference": [42.0, 15.0, 42.0][i],
+                       "messages": [TOOL_CONVERSATION[0], {"role": "user", "content": question}]}
+
+    model = tiny_models.overfitted(tmp_path / "tool-caller", [TOOL_CONVERSATION], seed=5, max_loss=0.05)
+    vllm_server.control.swap_full_weights(str(model), str(version_base))
+    taskset = Asked()
+    log, topics = fresh_log(tmp_path / "log", "same")
+    send_tasks(log, topics, "calculator", list(taskset.rows()), group_size=1, max_tokens=32, temperature=0.0)
+    worker = EnvWorker(log, topics, vllm_server.control, {"calculator": taskset})
+    assert step_until(worker, 3, tries=120) == 3
+    trained = {r.task_id: (r.rewards, r.answer) for r in read(log, topics.rollouts)}
+
+    evaluated = evaluate(taskset, OpenAIEndpoint(f"{vllm_server.base_url}/v1", "policy"), limit=3, temperature=0.0,
+                         max_tokens=32)
+    assert [r.error for r in evaluated] == [None] * 3
+    assert {r.task_id: (r.rewards, r.completion) for r in evaluated} == trained
+    assert trained["asked-0"][0]["correct"] == 1.0 and trained["asked-0"][1] == "42", "it called the tool in both"

@@ -86,3 +86,13 @@ def test_the_calculator_taskset_checks_the_final_number_and_names_its_harness():
     right = taskset.judge(RolloutView(task=row, completion=f"It is {row['reference']:.0f}"))
     wrong = taskset.judge(RolloutView(task=row, completion="CALL calculator(1+1)"))
     assert right.rewards == {"correct": 1.0} and wrong.rewards == {"correct": 0.0}
+
+
+def test_an_attribute_that_hides_a_taskset_method_is_refused_at_load_with_the_fix(tmp_path):
+    shadowing = tmp_path / "shadowing.py"
+    shadowing.write_text("from rollwire.producers.tasksets import Taskset\n\n"
+                         "class Graded(Taskset):\n    name = 'graded'\n"
+                         "    def __init__(self):\n        self.judge = object()\n"
+                         "    def rows(self):\n        yield from ()\n")
+    with pytest.raises(ConfigError, match="its attribute judge hides the Taskset method of that name.*self.grader"):
+        load_taskset(f"{shadowing}:Graded")
