@@ -7,7 +7,7 @@ import json
 import re
 import time
 
-from rollwire.cli.options import add_bus_options, bus_settings
+from rollwire.cli.options import add_bus_options, add_run_options, bus_settings, recorded_run
 
 
 def add_topics(sub) -> None:
@@ -29,6 +29,7 @@ def add_tail(sub) -> None:
                                       "that do not decode are printed with their error. Without --follow it stops\n"
                                       "at the end the topic had when it started.",
                           epilog="examples:\n"
+                                 "  rollwire tail rollouts --run-dir runs/demo --where group_id=g3\n"
                                  "  rollwire tail rollouts --log-dir runs/demo/log --prefix demo --where group_id=g3\n"
                                  "  rollwire tail scored --prefix demo --where rollout.environment=reverse-digits --json"
                                  " | jq .event.advantage\n"
@@ -45,7 +46,7 @@ def add_tail(sub) -> None:
     tail.add_argument("--where", action="append", default=[], metavar="FIELD=VALUE",
                       help="only events whose payload FIELD (dotted: rollout.group_id) equals VALUE (repeatable)")
     tail.add_argument("--json", action="store_true", help="one JSON object a line (envelope and payload)")
-    add_bus_options(tail)
+    add_run_options(tail)
     tail.set_defaults(run=cmd_tail)
 
 
@@ -127,12 +128,13 @@ def cmd_tail(args: argparse.Namespace) -> int:
 
     from rollwire.core.bus import AtTime, Beginning, open_log
     from rollwire.schemas import Codec, SchemaError
-    topic = args.topic if "." in args.topic else f"{args.prefix}.{args.topic}"
+    _, bus, prefix = recorded_run(args)
+    topic = args.topic if "." in args.topic else f"{prefix}.{args.topic}"
     start = AtTime(time.time_ns() // 1_000_000 - _age_ms(args.since)) if args.since else Beginning()
     conditions, types = _where(args.where), set(args.type)
     width = shutil.get_terminal_size((160, 24)).columns
     codec, printed = Codec(), 0
-    with open_log(bus_settings(args)) as log:
+    with open_log(bus) as log:
         ends = log.end_offsets(topic)
         reached: dict[int, int] = {}  # partition -> offset after the last record read
         with log.reader([topic], start) as reader:

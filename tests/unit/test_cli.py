@@ -73,6 +73,27 @@ def test_tail_filters_by_type_and_field_and_prints_lines_or_json(tmp_path):
     assert bad.returncode != 0 and "FIELD=VALUE" in bad.stderr
 
 
+def test_tail_finds_a_runs_log_and_prefix_from_its_directory(tmp_path):
+    from rollwire.run.recipe import load_recipe
+    (tmp_path / "recipe.toml").write_text("name = 'mine'\n[[environments]]\nname = 'reverse-digits'\n")
+    run_dir = tmp_path / "runs" / "mine"
+    recipe = load_recipe(tmp_path / "recipe.toml", run_dir=run_dir)
+    run_dir.mkdir(parents=True)
+    (run_dir / "recipe.json").write_text(recipe.model_dump_json())
+    log = EmbeddedLog(recipe.bus.path)
+    topics = Topics(recipe.topic_prefix)
+    log.create_topics(catalog_topics(topics))
+    producer = EventProducer(log.producer(), topics, name="test")
+    producer.send(topics.rollouts, rollout(rollout_id="in-the-run"), key="k")
+    producer.close()
+
+    done = rollwire("tail", "rollouts", "--run-dir", str(run_dir), "--json")
+    assert done.returncode == 0, done.stderr
+    assert [json.loads(x)["event"]["rollout_id"] for x in done.stdout.splitlines()] == ["in-the-run"]
+    missing = rollwire("tail", "rollouts", "--run-dir", str(tmp_path))
+    assert missing.returncode != 0 and "holds no recipe.json" in missing.stderr
+
+
 def test_errors_name_the_fix_and_exit_nonzero(tmp_path):
     missing = rollwire("tail", "rollouts", "--log-dir", str(tmp_path))
     assert missing.returncode == 2 and "rollwire topics --create" in missing.stderr
