@@ -35,7 +35,9 @@ def yield_idle_cpu() -> None:
 
 def die_with_parent() -> None:
     """A `preexec_fn`: the child gets SIGTERM when the process that started it dies, even by SIGKILL
-    (Linux `PR_SET_PDEATHSIG`), so a killed supervisor leaves no servers behind. Elsewhere: no-op."""
+    (Linux `PR_SET_PDEATHSIG`), so a killed supervisor leaves no servers behind. Elsewhere: no-op.
+    Linux sends it when the *thread* that started the child ends: a child that must outlive a
+    short-lived thread is started from one that lives as long as the process needs it."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
     except (OSError, AttributeError):

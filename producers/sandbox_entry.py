@@ -3,6 +3,10 @@ mounted read-only as /rollwire/entry.py, so any image with a Python 3 can hold t
 
     python3 /rollwire/entry.py COMMAND...
 
+The rollout's own variables (its task, URL path, time limit, grading command) come as one JSON
+line on stdin, so that a container can be started before its rollout is known and wait for it (the
+runtime's warm pool); end of input before that line ends the container at once (the pool closed).
+
 The container has no network at all (`--network none`): its one way out is the Unix socket of the
 worker's interception server, mounted at $ROLLWIRE_SOCKET. This program listens on the container's
 own loopback and relays each connection to that socket, runs COMMAND with the rollout's
@@ -108,6 +112,10 @@ def main(argv: list[str]) -> int:
         return 2
     # PID 1 of its container: a stop (SIGTERM, `docker stop`, the worker's client dying) ends it and so the container
     signal.signal(signal.SIGTERM, lambda *_: os._exit(143))
+    job = sys.stdin.readline()
+    if not job.strip():  # the worker closed the pool: no rollout came
+        return 0
+    os.environ.update(json.loads(job))
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind(("127.0.0.1", 0))
     listener.listen(64)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -176,4 +177,28 @@ def test_a_reward_sees_what_a_grading_command_found_in_the_rollouts_container(tm
         "repair": (None, {"tests_pass": 1.0}), "give-up": (None, {"tests_pass": 0.0})}
     assert rollouts["repair"].answer == "fixed"
     assert [r.metrics["grader_saw_the_answer"] for r in rollouts.values()] == [1.0, 1.0]
+    assert not left_running()
+
+
+def test_a_warm_pools_containers_wait_started_and_each_serves_one_rollout(agents):
+    """Two containers wait started before any rollout; a rollout takes one and another starts; the
+    file one rollout left is not in the next one's container (each is used once); none is left."""
+    runtime = Container(settings(agents, grade_command=["python3", "/agents/grade.py"], warm=2))
+    try:
+        deadline = time.monotonic() + 60
+        while len(left_running()) < 2:
+            assert time.monotonic() < deadline, "the pool's two containers did not start"
+            time.sleep(0.2)
+        first = left_running()
+        graded = []
+        for behave in ("repair", "give-up", "give-up"):
+            interceptor = Interceptor(VllmControl("http://127.0.0.1:9"), SamplingParams())
+            runtime.run("unused", {"behave": behave}, interceptor, timeout_s=30)
+            graded.append(interceptor.grading["stdout"].splitlines()[-1])
+        assert graded == ["1 passed", "1 failed", "1 failed"], "a rollout saw the file an earlier one left"
+        while set(first) & set(left_running()):  # used ones are removed in the background
+            assert time.monotonic() < deadline + 30, "a waiting container served more than one rollout"
+            time.sleep(0.2)
+    finally:
+        runtime.close()
     assert not left_running()
