@@ -92,7 +92,8 @@ def main() -> int:
             if warm:
                 time.sleep(2.0)  # the pool's first containers up, as they are after a worker's first rollouts
             medians[warm] = statistics.median(seconds_per_rollout(
-                lambda interceptor: runtime.run("-", {}, interceptor, timeout_s=60), args.rollouts, args.gap_s))
+                lambda interceptor, runtime=runtime: runtime.run("-", {}, interceptor, timeout_s=60), args.rollouts,
+                args.gap_s))
         finally:
             runtime.close()
 

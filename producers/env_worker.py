@@ -54,15 +54,12 @@ from rollwire.core import metrics, telemetry, trace_blobs
 from rollwire.core.bus import CommitFailedError, DeadLetters, Delivery, EventConsumer, EventLog, EventProducer
 from rollwire.core.objectstore import ObjectStore
 from rollwire.producers.assembly import assemble
-from rollwire.producers.environment import EnvironmentSetup
-from rollwire.producers.harnesses import Harness, HarnessTimeout, ResourceLimit, script_harness
+from rollwire.producers.environment import EnvironmentSetup, RolloutRunner, Runners
+from rollwire.producers.harnesses import Harness, HarnessTimeout, ResourceLimit
 from rollwire.producers.interception import InferenceGate, Interceptor
-from rollwire.producers.interception_server import InterceptionServer
 from rollwire.producers.routing import Router
-from rollwire.producers.runtimes import RUNTIMES, Runtime
-from rollwire.producers.sandbox import Container, ContainerSettings
+from rollwire.producers.sandbox import ContainerSettings
 from rollwire.producers.tasksets import RolloutView, Taskset
-from rollwire.producers.tools import offered_tools
 from rollwire.schemas.base import now_ms
 from rollwire.schemas.errors import EventTooLargeError
 from rollwire.schemas.rollout import (
@@ -222,13 +219,13 @@ class EnvWorker:
         group = self.settings.group_id or topics.group("env-worker")
         self.consumer = EventConsumer(log.consumer([topics.tasks], group), DeadLetters(self.producer, self.settings.name),
                                       group=group)
-        self._runtimes: dict[str, Runtime] = {}
-        """Runtimes by their settings, made when an environment first needs one (`_runner`)."""
-        self._runners: dict[str, Callable[[dict, Interceptor, float], str]] = {}
+        self.runners = Runners(runtime=self.settings.runtime, container=self.settings.container,
+                               timeout_s=self.settings.rollout_timeout_s)
+        """Each environment's runtime, made when it first needs one (`_runner`)."""
+        self.runners.runtime_for(self.settings.runtime)  # the worker's own: refused now if it cannot run here
+        self._runners: dict[str, RolloutRunner] = {}
         self._grace: dict[str, float] = {}
         """Per environment, how long past the time limit its runtime may take to end a rollout itself."""
-        self._agent_server: InterceptionServer | None = None
-        self.runtime = self._runtime(self.settings.runtime, self.settings.container)
         self.inference_gate = InferenceGate(self.settings.inference_concurrency, self.settings.inference_window_s,
                                             rollouts=lambda: len(self._slots))
         latency = self.settings.simulated_latency
@@ -457,41 +454,18 @@ class EnvWorker:
             return
         self._committed.update(offsets)
 
-    def _runtime(self, name: str, container: ContainerSettings) -> Runtime:
-        key = name + (container.model_dump_json() if name == "container" else "")
-        if key not in self._runtimes:
-            self._runtimes[key] = Container(container) if name == "container" else RUNTIMES[name]()
-        return self._runtimes[key]
-
-    def _runner(self, environment: str, taskset: Taskset) -> Callable[[dict, Interceptor, float], str]:
+    def _runner(self, environment: str, taskset: Taskset) -> RolloutRunner:
         """How a rollout of `environment` runs: the worker's own harness if it was given one (an agent
         program for every rollout), else the environment's setup over the worker's defaults."""
-        if environment in self._runners:
-            return self._runners[environment]
-        setup = self.setups.get(environment, EnvironmentSetup())
-        runtime_name = setup.runtime or self.settings.runtime
-        container = setup.container or self.settings.container
-        runner: Callable[[dict, Interceptor, float], str]
-        self._grace[environment] = 0.0
-        if self.harness is not None:
-            fixed = self.harness
-            runner = lambda row, interceptor, timeout_s: fixed(row, interceptor)  # noqa: E731
-        elif setup.agent_command and runtime_name != "container":
-            if self._agent_server is None:
-                self._agent_server = InterceptionServer()
-            agent = script_harness(setup.agent_command, self._agent_server, timeout_s=self.settings.rollout_timeout_s)
-            runner = lambda row, interceptor, timeout_s: agent(row, interceptor)  # noqa: E731
-        else:
-            if setup.agent_command:  # the agent program runs in each rollout's container
-                container = container.model_copy(update={"command": setup.agent_command})
-            runtime = self._runtime(runtime_name, container)
-            self._grace[environment] = runtime.watchdog_grace_s
-            harness, options, offered = setup.harness or taskset.harness, setup.options_for(type(taskset)), type(taskset).tools
-            runner = lambda row, interceptor, timeout_s: runtime.run(  # noqa: E731
-                harness, {**row, "tools": offered_tools(row, offered)} if offered else row, interceptor,
-                timeout_s=timeout_s, options=options)
-        self._runners[environment] = runner
-        return runner
+        if environment not in self._runners:
+            if self.harness is not None:
+                fixed = self.harness
+                self._runners[environment] = lambda row, interceptor, timeout_s: fixed(row, interceptor)
+                self._grace[environment] = 0.0
+            else:
+                self._runners[environment], self._grace[environment] = self.runners.runner(
+                    taskset, self.setups.get(environment))
+        return self._runners[environment]
 
     def close(self, drain_s: float | None = None) -> None:
         """Stops taking tasks, lets in-flight rollouts finish for `drain_s` (default: the setting),
@@ -516,9 +490,6 @@ class EnvWorker:
                                                    f"finished (in-flight rollouts get drain_s = {drain_s:g} s)"))
             self._commit_published()
         finally:
-            for runtime in self._runtimes.values():
-                runtime.close()
-            if self._agent_server is not None:
-                self._agent_server.shutdown()
+            self.runners.close()
             self.consumer.close()
             self.producer.close()

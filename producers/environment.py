@@ -26,10 +26,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rollwire.core.errors import ConfigError
 from rollwire.core.registry import check_options
-from rollwire.producers.harnesses import HarnessError
-from rollwire.producers.runtimes import resolve_harness
-from rollwire.producers.sandbox import ContainerSettings
+from rollwire.producers.harnesses import HarnessError, script_harness
+from rollwire.producers.interception_server import InterceptionServer
+from rollwire.producers.runtimes import RUNTIMES, Runtime, resolve_harness
+from rollwire.producers.sandbox import Container, ContainerSettings
 from rollwire.producers.tasksets import Taskset
+from rollwire.producers.tools import offered_tools
 
 RuntimeName = Literal["in-process", "subprocess", "container"]
 ROW_HARNESSES = {"completion": "prompt", "chat": "messages", "conversation": "messages"}
@@ -89,5 +91,56 @@ class EnvironmentSetup(BaseModel):
                               f"use harness = \"{taskset.harness}\", or a taskset with `{wants}` rows")
 
 
-RolloutRunner = Callable[..., str]
-"""`(row, interceptor, timeout_s) -> answer`: one rollout of an environment, as its setup says."""
+RolloutRunner = Callable[[dict, Any, float], str]
+"""`(row, interceptor, timeout_s) -> answer`: one rollout of an environment, as its setup says. The
+interceptor is a rollout's `Interceptor` in training, an `EvalClient` in `rollwire eval`."""
+
+
+class Runners:
+    """How each environment's rollouts run, from its setup over defaults: the harness in its
+    runtime, or an agent program (a subprocess, or in a container). Env workers and `rollwire
+    eval` both run rollouts through this, so an evaluation runs the environment training runs.
+    Runtimes are made when an environment first needs one, one per distinct setting, and held
+    until `close`."""
+
+    def __init__(self, *, runtime: RuntimeName = "in-process", container: ContainerSettings | None = None,
+                 timeout_s: float = 300.0) -> None:
+        self.runtime, self.container, self.timeout_s = runtime, container or ContainerSettings(), timeout_s
+        self._runtimes: dict[str, Runtime] = {}
+        self._agent_server: InterceptionServer | None = None
+
+    def runtime_for(self, name: RuntimeName, container: ContainerSettings | None = None) -> Runtime:
+        container = container or self.container
+        key = name + (container.model_dump_json() if name == "container" else "")
+        if key not in self._runtimes:
+            self._runtimes[key] = Container(container) if name == "container" else RUNTIMES[name]()
+        return self._runtimes[key]
+
+    def runner(self, taskset: Taskset, setup: EnvironmentSetup | None = None) -> tuple[RolloutRunner, float]:
+        """`taskset`'s rollouts as `setup` says; with how long past a rollout's time limit its runtime
+        may take to end it itself (the caller's watchdog waits that much longer)."""
+        setup = setup or EnvironmentSetup()
+        runtime_name = setup.runtime or self.runtime
+        container = setup.container or self.container
+        if setup.agent_command and runtime_name != "container":
+            if self._agent_server is None:
+                self._agent_server = InterceptionServer()
+            agent = script_harness(setup.agent_command, self._agent_server, timeout_s=self.timeout_s)
+            return (lambda row, interceptor, timeout_s: agent(row, interceptor)), 0.0
+        if setup.agent_command:  # the agent program runs in each rollout's container
+            container = container.model_copy(update={"command": setup.agent_command})
+        runtime = self.runtime_for(runtime_name, container)
+        harness, options, offered = setup.harness or taskset.harness, setup.options_for(type(taskset)), type(taskset).tools
+
+        def run(row: dict, interceptor: Any, timeout_s: float) -> str:
+            task = {**row, "tools": offered_tools(row, offered)} if offered else row
+            return runtime.run(harness, task, interceptor, timeout_s=timeout_s, options=options)
+        return run, runtime.watchdog_grace_s
+
+    def close(self) -> None:
+        for runtime in self._runtimes.values():
+            runtime.close()
+        self._runtimes.clear()
+        if self._agent_server is not None:
+            self._agent_server.shutdown()
+            self._agent_server = None

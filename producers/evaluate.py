@@ -1,8 +1,12 @@
 """`rollwire eval`: an environment as an evaluation, against any OpenAI-compatible endpoint.
 
-Each row runs as a training rollout runs: the environment's harness (a completion, a chat with
-the taskset's tools, `max_turns` and the other harness options) and the taskset's judge; only
-the model's calls go to the endpoint instead of the rollout's interceptor. No logprobs or token
+Each row runs as a training rollout runs (`rollwire.producers.environment.Runners`, what env
+workers run rollouts through): the environment's harness (a completion, a chat with the taskset's
+tools, a conversation with a simulated user, and their options) or its agent program, in its
+runtime (in process, a subprocess, a container graded inside), then the taskset's judge; only the
+model's calls go to the endpoint instead of the rollout's interceptor. With a seed, each call asks
+the endpoint for a seed of its own (from the seed, the row, the sample and the call), so the same
+command gives the same numbers where the endpoint honours seeds (vLLM does). No logprobs or token
 ids are asked for, so API models that return none work too: this path scores text, it never
 produces training data.
 
@@ -13,6 +17,7 @@ the same rows: `evaluate_versions` loads each into one vLLM server in turn and e
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
 import itertools
 import re
 import statistics
@@ -27,10 +32,8 @@ from rollwire.core.endpoints import EndpointError, OpenAIEndpoint
 from rollwire.core.errors import ConfigError
 from rollwire.core.objectstore import ObjectStore
 from rollwire.core.weight_versions import fetch
-from rollwire.producers.environment import EnvironmentSetup
-from rollwire.producers.runtimes import resolve_harness
+from rollwire.producers.environment import EnvironmentSetup, Runners
 from rollwire.producers.tasksets import RolloutView, Taskset
-from rollwire.producers.tools import offered_tools
 from rollwire.schemas.topics import Topics
 from rollwire.schemas.weights import WeightsPublished
 
@@ -53,65 +56,87 @@ class EvalClient:
     with the evaluation's sampling. It counts the tokens the model generated (when the endpoint
     reports usage) and keeps the last call's finish reason, as the Interceptor does."""
 
-    def __init__(self, endpoint: OpenAIEndpoint, *, temperature: float, max_tokens: int) -> None:
+    def __init__(self, endpoint: OpenAIEndpoint, *, temperature: float, max_tokens: int,
+                 seed: int | None = None) -> None:
         self.endpoint, self.params = endpoint, {"temperature": temperature, "max_tokens": max_tokens}
+        self.seed = seed
+        """The first call's seed; each later call of the rollout asks for the next one."""
         self.finish_reason: str | None = None
         self.completion_tokens = 0
+        self.usage: dict[str, int] = {}
         self.conversation: list[dict] = []
+        self.grading: dict | None = None
+        """What the rollout's grading command reported, set by the container runtime (`RolloutView.sandbox`)."""
+        self._calls = 0
 
     def complete(self, prompt: str) -> str:
-        choice = self._choice(self.endpoint.post("/completions", {"prompt": prompt, **self.params}))
+        choice = self._choice(self.endpoint.post("/completions", {"prompt": prompt, **self._params()}))
         return choice["text"]
 
     def chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
-        body: dict[str, Any] = {"messages": messages, **self.params}
+        body: dict[str, Any] = {"messages": messages, **self._params()}
         if tools:
             body["tools"] = tools
         text = self._choice(self.endpoint.post("/chat/completions", body))["message"]["content"] or ""
         self.conversation = [*messages, {"role": "assistant", "content": text}]
         return text
 
+    def _params(self) -> dict[str, Any]:
+        self._calls += 1
+        return self.params if self.seed is None else {**self.params, "seed": (self.seed + self._calls - 1) % 2**31}
+
     def _choice(self, reply: dict) -> dict:
-        self.completion_tokens += int((reply.get("usage") or {}).get("completion_tokens") or 0)
+        self.usage = {k: int(v) for k, v in (reply.get("usage") or {}).items() if isinstance(v, int)}
+        self.completion_tokens += self.usage.get("completion_tokens", 0)
         choice = reply["choices"][0]
         self.finish_reason = choice.get("finish_reason")
         return choice
 
 
 def evaluate(taskset: Taskset, endpoint: OpenAIEndpoint, *, limit: int, samples: int = 1, temperature: float = 0.0,
-             max_tokens: int = 256, concurrency: int = 4, on_result=None,
-             setup: EnvironmentSetup | None = None) -> list[EvalResult]:
+             max_tokens: int = 256, concurrency: int = 4, on_result=None, setup: EnvironmentSetup | None = None,
+             seed: int | None = None, timeout_s: float = 600.0) -> list[EvalResult]:
     """Scores `samples` answers for each of the first `limit` rows, each one a rollout as training
-    runs it, in this process: the environment's harness (`setup`'s, else the taskset's) with its
-    options and the taskset's tools, every call to `endpoint`, then the taskset's judge. An
-    endpoint error or a harness that raises is recorded on its result."""
-    setup = setup or EnvironmentSetup()
-    harness = resolve_harness(setup.harness or taskset.harness)
-    offered, options = type(taskset).tools, setup.options_for(type(taskset))
-    rows = list(itertools.islice(taskset.rows(), limit))
+    runs it (`Runners`): the environment's harness or agent program as `setup` says (else the
+    taskset's harness, in this process), every call to `endpoint`, then the taskset's judge (which
+    sees what a grading command in the rollout's container found). An endpoint error, or a harness
+    or agent that fails, is recorded on its result. `seed` makes sampled answers repeat."""
+    runners = Runners(timeout_s=timeout_s)
+    try:
+        runner, _ = runners.runner(taskset, setup)
+        rows = list(itertools.islice(taskset.rows(), limit))
 
-    def one(row: dict, sample: int) -> EvalResult:
-        client = EvalClient(endpoint, temperature=temperature, max_tokens=max_tokens)
-        try:
-            task = {**row, "tools": offered_tools(row, offered)} if offered else row
-            text = harness(task, client, **options)  # type: ignore[arg-type]  # the Interceptor's calls
-        except Exception as exc:  # the endpoint refused, or the harness (user code) failed: this result's error
-            error = str(exc) if isinstance(exc, EndpointError) else f"{type(exc).__name__}: {exc}"
-            return EvalResult(row["task_id"], sample, "", None, {}, 0.0, {}, error)
-        judged = taskset.judge(RolloutView(task=row, completion=text, messages=client.conversation,
-                                           finish_reason=client.finish_reason,
-                                           completion_tokens=client.completion_tokens))
-        return EvalResult(row["task_id"], sample, text, client.finish_reason, judged.rewards, judged.reward,
-                          judged.metrics, judged.error.message if judged.error else None)
+        def one(row: dict, sample: int) -> EvalResult:
+            client = EvalClient(endpoint, temperature=temperature, max_tokens=max_tokens,
+                                seed=None if seed is None else call_seed(seed, row["task_id"], sample))
+            try:
+                text = runner(row, client, timeout_s)  # the client stands in for the rollout's Interceptor
+            except Exception as exc:  # the endpoint refused, or the harness (user code) failed: this result's error
+                error = str(exc) if isinstance(exc, EndpointError) else f"{type(exc).__name__}: {exc}"
+                return EvalResult(row["task_id"], sample, "", None, {}, 0.0, {}, error)
+            judged = taskset.judge(RolloutView(task=row, completion=text, messages=client.conversation,
+                                               finish_reason=client.finish_reason,
+                                               completion_tokens=client.completion_tokens, sandbox=client.grading))
+            return EvalResult(row["task_id"], sample, text, client.finish_reason, judged.rewards, judged.reward,
+                              judged.metrics, judged.error.message if judged.error else None)
 
-    results = []
-    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
-        futures = [pool.submit(one, row, s) for row in rows for s in range(samples)]
-        for future in concurrent.futures.as_completed(futures):
-            results.append(future.result())
-            if on_result is not None:
-                on_result(results[-1])
+        results = []
+        with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+            futures = [pool.submit(one, row, s) for row in rows for s in range(samples)]
+            for future in concurrent.futures.as_completed(futures):
+                results.append(future.result())
+                if on_result is not None:
+                    on_result(results[-1])
+    finally:
+        runners.close()
     return sorted(results, key=lambda r: (r.task_id, r.sample))
+
+
+def call_seed(seed: int, task_id: str, sample: int) -> int:
+    """The first sampling seed of one answer: from the evaluation's seed, its row and its sample
+    (stable across processes and Python versions, unlike `hash`)."""
+    digest = hashlib.blake2b(f"{seed}/{task_id}/{sample}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "big") % 2**31
 
 
 def summary(results: list[EvalResult]) -> dict[str, float]:

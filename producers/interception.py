@@ -112,6 +112,13 @@ class Interceptor:
         self._shown: list[dict] = []
         self._lock = threading.Lock()
 
+    @property
+    def usage(self) -> dict[str, int]:
+        """The last call's token counts, as an OpenAI response reports them."""
+        last = self.calls[-1]
+        prompt, completion = len(last.prompt_token_ids), len(last.completion_token_ids)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
     def complete(self, prompt: str) -> str:
         """Samples a continuation of `prompt` (raw text, special tokens allowed) and returns its text."""
         return self.complete_ids(self.control.tokenize(prompt))

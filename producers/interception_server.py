@@ -144,14 +144,11 @@ class InterceptionServer:
                 finish = interceptor.finish_reason or "stop"
                 choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
                           if chat else {"index": 0, "text": text, "finish_reason": finish})
-                last = interceptor.calls[-1]
                 self._answer(200, {
                     "id": f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(6)}",
                     "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
                     "model": str(body.get("model", "policy")), "choices": [choice],
-                    "usage": {"prompt_tokens": len(last.prompt_token_ids),
-                              "completion_tokens": len(last.completion_token_ids),
-                              "total_tokens": len(last.prompt_token_ids) + len(last.completion_token_ids)}})
+                    "usage": interceptor.usage})
 
             def _answer(self, status: int, payload: dict) -> None:
                 data = json.dumps(payload).encode()

@@ -49,7 +49,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rollwire.core.errors import ConfigError
 from rollwire.core.processes import die_with_parent
@@ -82,7 +82,8 @@ class ContainerSettings(BaseModel):
     line it prints is its answer). None runs the taskset's harness with `python3 -m
     rollwire.producers.runtimes`, which needs rollwire installed in the image."""
     mounts: list[str] = Field(default_factory=list)
-    """`HOST_PATH:CONTAINER_PATH` folders mounted read-only (the agent's code, its data)."""
+    """`HOST_PATH:CONTAINER_PATH` folders mounted read-only (the agent's code, its data); a relative
+    host path is taken from the current folder."""
     memory_mb: int = Field(default=512, ge=16)
     """Memory of the whole container, without swap; past it the kernel kills a process in it."""
     cpus: float = Field(default=1.0, gt=0)
@@ -102,6 +103,19 @@ class ContainerSettings(BaseModel):
     (e.g. run the tests of the repository the agent edited)."""
     grade_timeout_s: float = Field(default=60.0, gt=0)
     """Most seconds the grading command may take; past it, `sandbox["timed_out"]` is true."""
+    @field_validator("mounts")
+    @classmethod
+    def _host_paths_absolute(cls, mounts: list[str]) -> list[str]:
+        resolved = []
+        for mount in mounts:
+            host, sep, inside = mount.partition(":")
+            if not sep or not host or not inside.startswith("/"):
+                raise ValueError(f"container mount {mount!r}: write it as host/path:/container/path")
+            if not Path(host).exists():
+                raise ValueError(f"container mount {mount!r}: {Path(host).resolve()} does not exist here")
+            resolved.append(f"{Path(host).resolve()}:{inside}")
+        return resolved
+
     warm: int = Field(default=2, ge=0)
     """Containers started ahead of their rollouts, each waiting for one (and used for that one only):
     their start-up leaves the rollouts' time (`bench/container.py`). Each waiting container holds
@@ -134,10 +148,6 @@ class Container(Runtime):
                               f"{(probe.stderr or probe.stdout).strip()[-300:]} (build it, e.g. `python "
                               "deploy/stack/images.py --only debian --only python` for local/python:3.11, or set "
                               "[env_workers.container] image)")
-        for mount in self.settings.mounts:
-            host, sep, inside = mount.partition(":")
-            if not sep or not Path(host).is_absolute() or not inside.startswith("/"):
-                raise ConfigError(f"container mount {mount!r}: write it as /host/path:/container/path")
         self.owner = f"{socket.gethostname()}:{os.getpid()}"
         self._closing = False
         self._remove_orphans()

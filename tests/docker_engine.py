@@ -112,7 +112,8 @@ class Prebuild:
 
 
 STACK_IMAGES = ["debian", "python", "kafka", "s3", "jaeger", "rollwire"]
-IMAGES_BY_PATH = {"tests/stack/": STACK_IMAGES, "tests/inference/test_container_runtime.py": ["debian", "python"]}
+IMAGES_BY_PATH = {"tests/stack/": STACK_IMAGES, "tests/inference/test_container_runtime.py": ["debian", "python"],
+                  "tests/run/test_mixed_run.py": ["debian", "python"]}
 """The images the docker tests under each path need: the prebuild reads this from the tests' ids,
 which is all a pytest-xdist controller sees of them (`tests/conftest.py` checks that every test
 marked `stack` or `container` is under one of these paths)."""

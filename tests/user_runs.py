@@ -95,13 +95,13 @@ def recipe_file(folder: Path, name: str, steps: int, **shape) -> Path:
     return path
 
 
-def start_run(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """`rollwire run ARGS` as a subprocess, its output piped; `env` added to this process's environment.
+def start_run(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.Popen:
+    """`rollwire run ARGS` as a subprocess in `cwd`, its output piped; `env` added to this process's environment.
     SIGINT is Ctrl-C to it even where this process was started ignoring SIGINT (a background job of
     a non-interactive shell is), as a terminal's foreground job would take it."""
     return subprocess.Popen([sys.executable, "-m", "rollwire", "run", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "200", **(env or {})},
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            cwd=cwd, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def finish(process: subprocess.Popen, timeout_s: float) -> str:

@@ -18,7 +18,12 @@ def add_evaluate(sub) -> None:
         epilog="examples:\n  rollwire eval reverse-digits --base-url http://127.0.0.1:8000/v1 --model policy -n 50\n"
                "  rollwire eval math-word --option path=data/gsm8k_test.jsonl --base-url https://api.example/v1 "
                "--model some-model\n"
-               "  rollwire eval reverse-digits --run-dir runs/demo --version policy@150 --version demo-fixed@150 -n 200")
+               "  rollwire eval reverse-digits --run-dir runs/demo --version policy@150 --version demo-fixed@150 -n 200\n"
+               "  rollwire eval examples/environments/graded_reversal.py:GradedReversal --recipe examples/mixed.toml "
+               "--base-url http://127.0.0.1:8000/v1 --model policy --temperature 1 --seed 7\n\n"
+               "Each row runs as the environment's training rollouts run: its harness and options, or its agent "
+               "program, in its runtime (a container graded inside, with --recipe or --run-dir naming that "
+               "entry), then its rewards. With --seed, sampled answers repeat from one command to the next.")
     evaluate.add_argument("environment", help="a taskset, e.g. reverse-digits or math-word, an installed package's "
                           "(rollwire env list), or a reference: package.module:Class, file.py[:Class]")
     evaluate.add_argument("--base-url", help="OpenAI-compatible base URL, ending in /v1")
@@ -36,6 +41,10 @@ def add_evaluate(sub) -> None:
     evaluate.add_argument("--concurrency", type=int, default=4, help="requests at once (default: %(default)s)")
     evaluate.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                           help="taskset option, e.g. path=data.jsonl or seed=3 (repeatable)")
+    evaluate.add_argument("--seed", type=int, help="sample reproducibly: each call asks the endpoint for a seed "
+                          "made from this one, the row and the sample (default: unseeded)")
+    evaluate.add_argument("--recipe", type=Path, help="run the rows as this recipe's entry for the environment says "
+                          "(harness, options, agent program, runtime, container); --run-dir's recipe otherwise")
     evaluate.add_argument("--harness", help="run the rows with this harness instead of the taskset's (completion, "
                           "chat, package.module:function); with --run-dir, the run's recipe entry's is the default")
     evaluate.add_argument("--harness-option", action="append", default=[], metavar="KEY=VALUE",
@@ -68,7 +77,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from rollwire.producers.tasksets import load_taskset
     taskset = load_taskset(args.environment, **parse_options(args.option, "rollwire eval"))
     settings = {"limit": args.limit, "samples": args.samples, "temperature": args.temperature,
-                "max_tokens": args.max_tokens, "concurrency": args.concurrency, "setup": _setup(args, taskset)}
+                "max_tokens": args.max_tokens, "concurrency": args.concurrency, "setup": _setup(args, taskset),
+                "seed": args.seed}
     console = Console(stderr=True)
     with Progress(console=console, transient=True) as progress:
         def bar(label: str):
@@ -103,17 +113,28 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _setup(args: argparse.Namespace, taskset):
-    """How the rows run: `--harness` and `--harness-option`s over the run's recipe entry for this
-    environment (with `--run-dir`), over the taskset's own harness; checked as a recipe's would be."""
+    """How the rows run: `--harness` and `--harness-option`s over the recipe entry for this
+    environment (`--recipe`'s, or the run's with `--run-dir`), over the taskset's own harness;
+    checked as a recipe's would be."""
+    from rollwire.core.errors import ConfigError
     from rollwire.producers.environment import EnvironmentSetup
-    from rollwire.run.recipe import RunRecipe
+    from rollwire.run.recipe import RunRecipe, load_recipe
     setup = EnvironmentSetup()
-    recipe_path = args.run_dir / "recipe.json" if args.run_dir is not None else None
-    if recipe_path is not None and recipe_path.is_file():
-        recipe = RunRecipe.model_validate_json(recipe_path.read_text())
+    recipe = None
+    if args.recipe is not None:
+        try:
+            recipe = load_recipe(args.recipe)
+        except ConfigError as exc:
+            raise SystemExit(f"rollwire eval: {exc}") from None
+    elif args.run_dir is not None and (args.run_dir / "recipe.json").is_file():
+        recipe = RunRecipe.model_validate_json((args.run_dir / "recipe.json").read_text())
+    if recipe is not None:
         entry = next((e for e in recipe.environments if e.name == args.environment), None)
+        if entry is None and args.recipe is not None:
+            raise SystemExit(f"rollwire eval: {args.recipe} has no [[environments]] entry named {args.environment!r} "
+                             f"(it has {', '.join(e.name for e in recipe.environments)})")
         if entry is not None:
-            setup = EnvironmentSetup(harness=entry.harness, harness_options=entry.harness_options)
+            setup = entry.setup()
     given = parse_options(args.harness_option, "rollwire eval", "--harness-option")
     update: dict = {"harness_options": {**setup.harness_options, **given}}
     if args.harness:

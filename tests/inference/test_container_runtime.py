@@ -202,3 +202,34 @@ def test_a_warm_pools_containers_wait_started_and_each_serves_one_rollout(agents
     finally:
         runtime.close()
     assert not left_running()
+
+
+@pytest.mark.vllm
+def test_eval_runs_a_container_environment_as_training_does_graded_inside(vllm_server, tiny_models, version_base):
+    """`rollwire eval` of examples/environments/graded_reversal.py: its agent program in a container
+    per answer, reaching the evaluated endpoint through the rollout's socket alone, graded in the
+    container; the reward is the grader's verdict and agrees with the same check made outside."""
+    from rollwire.core.endpoints import OpenAIEndpoint
+    from rollwire.producers.environment import EnvironmentSetup
+    from rollwire.producers.evaluate import evaluate
+    vllm_server.control.swap_full_weights(str(tiny_models.base), str(version_base))
+    examples = Path(__file__).resolve().parents[2] / "examples" / "environments"
+    taskset = load_taskset(f"{examples / 'graded_reversal.py'}:GradedReversal", seed=4)
+    setup = EnvironmentSetup(agent_command=["python3", "/agents/reverse.py"], runtime="container",
+                             container=ContainerSettings(image=IMAGE, mounts=[f"{examples / 'agents'}:/agents"],
+                                                         grade_command=["python3", "/agents/check.py"]))
+    results = evaluate(taskset, OpenAIEndpoint(f"{vllm_server.base_url}/v1", "policy"), limit=4, max_tokens=8,
+                       setup=setup, concurrency=2)
+    assert all(r.error is None for r in results), [r.error for r in results]
+    assert all(r.rewards["graded_correct"] == r.metrics["answer_matches"] for r in results), results
+
+    class Knowing:
+        """An endpoint that knows the task: answers each prompt `...r:DIGITS>` with the reversal."""
+
+        def post(self, path: str, body: dict) -> dict:
+            digits = body["prompt"].rsplit("r:", 1)[1].rstrip(">")
+            return {"choices": [{"text": digits[::-1], "finish_reason": "stop"}], "usage": {"completion_tokens": 2}}
+
+    knew = evaluate(taskset, Knowing(), limit=3, setup=setup, concurrency=1)  # type: ignore[arg-type]
+    assert [(r.error, r.rewards["graded_correct"]) for r in knew] == [(None, 1.0)] * 3
+    assert not left_running()

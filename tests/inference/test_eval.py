@@ -129,3 +129,19 @@ def test_env_check_runs_a_file_environment_against_the_model_and_prints_each_rol
     missing = subprocess.run([sys.executable, "-m", "rollwire.cli", "env", "check", "reverse-digit", "--base-url",
                               f"{vllm_server.base_url}/v1", "--model", "policy"], capture_output=True, text=True)
     assert missing.returncode != 0 and "did you mean 'reverse-digits'" in missing.stderr
+
+
+def test_sampled_answers_repeat_with_the_same_seed(vllm_server, tmp_path):
+    """At temperature 1, two evaluations with one seed give the same answers, answer for answer (vLLM
+    honours each request's seed); another seed gives others."""
+    def answers(seed: int) -> list[str]:
+        out = tmp_path / f"seed{seed}-{len(list(tmp_path.iterdir()))}.jsonl"
+        done = rollwire_eval(vllm_server, "reverse-digits", "-n", "6", "--samples", "2", "--temperature", "1",
+                             "--max-tokens", "8", "--seed", str(seed), "--out", str(out))
+        assert done.returncode == 0, done.stderr[-2000:]
+        return [json.loads(line)["completion"] for line in out.read_text().splitlines()]
+
+    first = answers(11)
+    assert len(set(first)) > 1, "temperature 1 should sample different answers"
+    assert answers(11) == first
+    assert answers(12) != first

@@ -15,9 +15,23 @@ def test_an_entry_chooses_its_harness_and_runtime_and_leaves_the_rest_to_the_def
     assert calculator.setup() == EnvironmentSetup(runtime="subprocess")
     assert EnvironmentRecipe(name="reverse-digits").setup().is_default()
     agent = EnvironmentRecipe(name="math-word", agent_command=["python3", "/agents/solve.py"], runtime="container",
-                              container={"image": "local/python:3.11", "mounts": ["/srv:/agents"]},
+                              container={"image": "local/python:3.11", "mounts": ["/tmp:/agents"]},
                               options={"path": __file__})
-    assert agent.setup().container.mounts == ["/srv:/agents"] and agent.setup().agent_command[0] == "python3"
+    assert agent.setup().container.mounts == ["/tmp:/agents"] and agent.setup().agent_command[0] == "python3"
+
+
+def test_a_mounts_relative_host_path_is_taken_from_the_current_folder(tmp_path, monkeypatch):
+    (tmp_path / "agents").mkdir()
+    monkeypatch.chdir(tmp_path)
+    entry = EnvironmentRecipe(name="math-word", agent_command=["python3", "/agents/solve.py"], runtime="container",
+                              container={"mounts": ["agents:/agents"]}, options={"path": __file__})
+    assert entry.container.mounts == [f"{tmp_path / 'agents'}:/agents"]
+    with pytest.raises(ValidationError, match=f"{tmp_path / 'agent'} does not exist here"):
+        EnvironmentRecipe(name="math-word", agent_command=["a"], runtime="container",
+                          container={"mounts": ["agent:/agents"]}, options={"path": __file__})
+    with pytest.raises(ValidationError, match="write it as host/path:/container/path"):
+        EnvironmentRecipe(name="math-word", agent_command=["a"], runtime="container",
+                          container={"mounts": ["agents"]}, options={"path": __file__})
 
 
 @pytest.mark.parametrize(("entry", "message"), [

@@ -5,13 +5,14 @@ endpoint is scripted here (own code path); tests/inference/test_eval.py runs a r
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from rollwire.producers.environment import EnvironmentSetup
 from rollwire.producers.evaluate import EndpointError, evaluate
 from rollwire.producers.tasksets import load_taskset
 
-SHOP = str(Path(__file__).resolve().parents[1] / "data" / "shop.py")
+SHOP = str(Path(__file__).resolve().parents[2] / "examples" / "environments" / "shop.py")
 
 
 class ScriptedEndpoint:
@@ -76,3 +77,38 @@ def test_the_eval_command_takes_the_harness_and_its_options_checked_as_a_recipe_
     assert main(["eval", f"{SHOP}:Shop", "--base-url", "http://127.0.0.1:9/v1", "--model", "m", "-n", "1",
                  "--harness", "completion"]) == 2
     assert "the completion harness reads each row's `prompt`" in capsys.readouterr().err
+
+
+AGENT = Path(__file__).resolve().parents[1] / "data" / "agent.py"
+
+
+def test_an_agent_programs_environment_is_evaluated_by_running_the_program_against_the_endpoint(tmp_path):
+    """The agent (an OpenAI client, two chat calls) runs in a subprocess, as its training rollouts
+    would, and reaches the evaluated endpoint through the rollout's URL; the judge scores its answer."""
+    rows = tmp_path / "asks.py"
+    rows.write_text("from rollwire.producers.tasksets import Taskset, reward\n\n"
+                    "class Asks(Taskset):\n    name = 'asks'\n    harness = 'chat'\n\n    def rows(self):\n"
+                    "        return iter([{'task_id': 'q', 'messages': [], 'question': 'What is 6 times 7?'}])\n\n"
+                    "    @reward('said_42')\n    def said_42(self, r):\n        return float('42' in r.completion)\n")
+    endpoint = ScriptedEndpoint(["Let me use the tool.", "It is 42."])
+    [result] = evaluate(load_taskset(f"{rows}:Asks"), endpoint, limit=1,
+                        setup=EnvironmentSetup(agent_command=[sys.executable, str(AGENT)], runtime="subprocess"))
+    assert result.error is None and result.completion == "It is 42." and result.rewards == {"said_42": 1.0}
+    asked = [body["messages"] for _, body in endpoint.bodies]
+    assert asked[0] == [{"role": "user", "content": "What is 6 times 7?"}] and asked[1][-1]["content"] == "42"
+
+
+def test_a_seed_gives_each_answer_its_own_seeds_and_the_same_ones_every_time():
+    echo = load_taskset("reverse-digits", count=2)
+
+    def seeds(seed, samples=2):
+        endpoint = ScriptedEndpoint(["1"] * 4)
+        evaluate(echo, endpoint, limit=2, samples=samples, seed=seed, concurrency=1, temperature=1.0)
+        return sorted(body["seed"] for _, body in endpoint.bodies)
+
+    first = seeds(7)
+    assert first == seeds(7) and len(set(first)) == 4  # repeatable, and no two answers share a seed
+    assert set(first).isdisjoint(seeds(8))
+    endpoint = ScriptedEndpoint(["1"])
+    evaluate(echo, endpoint, limit=1)
+    assert "seed" not in endpoint.bodies[0][1]  # unseeded unless asked

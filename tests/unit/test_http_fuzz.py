@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from rollwire.consumers.vllm_control import VllmError
 from rollwire.producers import feedback_api, gateway, interception_server
 from rollwire.producers.interception_server import InterceptionServer
-from rollwire.schemas import InferenceCall, Topics
+from rollwire.schemas import Topics
 
 TOKEN = "f" * 24
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
@@ -111,15 +111,13 @@ def test_the_gateway_answers_any_request_with_a_status_and_a_reason(requests):
 
 
 class EchoInterceptor:
-    """The model behind an interception URL: answers with the prompt's length, records a call."""
+    """The model behind an interception URL: answers with the prompt's length."""
 
     finish_reason = "stop"
-
-    def __init__(self):
-        self.calls = []
+    usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+    """What the interception server reports for each call."""
 
     def _reply(self, text: str) -> str:
-        self.calls.append(InferenceCall(prompt_token_ids=[1], completion_token_ids=[2], completion_logprobs=[-0.1]))
         return text
 
     def chat(self, messages):

@@ -11,20 +11,21 @@ import pytest
 
 from rollwire.producers.harnesses import HarnessError, HarnessTimeout
 from rollwire.producers.runtimes import InProcess, Subprocess, resolve_harness
-from rollwire.schemas.rollout import InferenceCall
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 
 
 class ScriptedInterceptor:
-    """Answers from a script and records what it was asked, as the real Interceptor records calls."""
+    """Answers from a script and records what it was asked."""
+
+    usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+    """What the interception server reports for each call."""
 
     def __init__(self, replies):
-        self.replies, self.asked, self.calls, self.finish_reason = list(replies), [], [], "stop"
+        self.replies, self.asked, self.finish_reason = list(replies), [], "stop"
 
     def _reply(self, asked):
         self.asked.append(asked)
-        self.calls.append(InferenceCall(prompt_token_ids=[1], completion_token_ids=[2], completion_logprobs=[-0.1]))
         return self.replies.pop(0)
 
     def chat(self, messages):

@@ -17,22 +17,22 @@ from rollwire.producers.harnesses import chat_harness
 from rollwire.producers.runtimes import InProcess, Subprocess
 from rollwire.producers.tasksets import check_taskset, load_taskset
 from rollwire.producers.tools import TOOLS, Tool, Toolbox, ToolSet, offered_tools, tool
-from rollwire.schemas.rollout import InferenceCall
 
-SHOP = str(Path(__file__).resolve().parents[1] / "data" / "shop.py")
+SHOP = str(Path(__file__).resolve().parents[2] / "examples" / "environments" / "shop.py")
 
 
 class ScriptedModel:
-    """Answers from a script; records each call's messages and the tool schemas it was shown (and,
-    as the real Interceptor, each call's tokens, which the interception server reports)."""
+    """Answers from a script; records each call's messages and the tool schemas it was shown."""
+
+    usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+    """What the interception server reports for each call."""
 
     def __init__(self, replies: list[str]) -> None:
-        self.replies, self.seen, self.shown, self.calls, self.finish_reason = list(replies), [], [], [], "stop"
+        self.replies, self.seen, self.shown, self.finish_reason = list(replies), [], [], "stop"
 
     def chat(self, messages, tools=None):
         self.seen.append([dict(m) for m in messages])
         self.shown.append(tools)
-        self.calls.append(InferenceCall(prompt_token_ids=[1], completion_token_ids=[2], completion_logprobs=[-0.1]))
         return self.replies.pop(0)
 
 

@@ -1,4 +1,4 @@
-"""A taskset with its own tools, loaded by file reference in tests (`tests/data/shop.py:Shop`):
+"""A taskset with its own tools, named by file (`examples/environments/shop.py:Shop`):
 a typed multi-argument function, and a toolbox whose tools share one rollout's cart."""
 
 from __future__ import annotations
