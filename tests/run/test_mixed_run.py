@@ -1,6 +1,7 @@
 """One run of four environments, each with its own harness and runtime: `examples/mixed.toml`, as a
-user runs it from the repository's root, made short (6 steps of 32 rollouts, equal weights so that
-each environment is drawn). On the embedded log, with a real vLLM server and a real Docker engine:
+user runs it from the repository's root, made short (4 steps of 32 rollouts after 400 warm-start
+steps, equal weights so that each environment is drawn). On the embedded log, with a real vLLM
+server and a real Docker engine:
 
     reverse-digits    completion, in the worker's process (the bundled one)
     shop              chat with tools of several typed arguments, in a subprocess
@@ -15,6 +16,7 @@ check made outside it."""
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -26,7 +28,7 @@ from rollwire.producers.sandbox import OWNER_LABEL
 pytestmark = [pytest.mark.vllm, pytest.mark.container, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 REPO = Path(__file__).resolve().parents[2]
-STEPS = 6
+STEPS = 4
 ENVIRONMENTS = {"reverse-digits", "examples/environments/shop.py:Shop", "higher-lower",
                 "examples/environments/graded_reversal.py:GradedReversal"}
 
@@ -35,7 +37,7 @@ def short(recipe: str) -> str:
     """The example, 32 rollouts a step with every environment drawn alike."""
     recipe = re.sub(r"(?m)^weight = \d+\n", "", recipe)
     recipe = re.sub(r"(?m)^(batch_rollouts|micro_batch_rollouts) = 128", r"\1 = 32", recipe)
-    assert recipe.count("= 32") == 2, "examples/mixed.toml changed shape: update this test's shortening"
+    assert recipe.count("rollouts = 32") == 2, "examples/mixed.toml changed shape: update this test's shortening"
     return recipe
 
 
@@ -45,9 +47,9 @@ def mixed_run(tmp_path_factory) -> dict:
         folder = tmp_path_factory.mktemp("mixed")
         recipe = folder / "mixed.toml"
         recipe.write_text(short((REPO / "examples" / "mixed.toml").read_text()))
-        run = start_run(str(recipe), "--steps", str(STEPS), "--run-dir", str(folder / "run"), cwd=REPO)
+        run = start_run(str(recipe), "--steps", str(STEPS), "--warm-start-steps", "400", "--run-dir", str(folder / "run"),
+                        cwd=REPO)
         output = finish(run, 900)
-        import subprocess
         left = subprocess.run(["docker", "ps", "-aq", "--filter", f"label={OWNER_LABEL}"], capture_output=True,
                               text=True).stdout.split()
     return {"code": run.returncode, "output": output, "run_dir": folder / "run", "containers_left": left}
