@@ -20,11 +20,9 @@ A harness returns the final answer text; raising (or a non-zero exit) makes the 
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import AfterValidator
 
@@ -33,14 +31,13 @@ from rollwire.core.processes import agent_environment, die_with_parent
 from rollwire.core.registry import Registry
 from rollwire.producers.interception import Interceptor
 from rollwire.producers.interception_server import InterceptionServer
+from rollwire.producers.tool_calls import parse_tool_calls
 from rollwire.producers.tools import ToolSet
 from rollwire.producers.users import USERS, UserModelSettings, resolve_user
 
 Harness = Callable[[dict, Interceptor], str]
 """`harness(task_row, interceptor) -> final answer text`."""
 
-_CALL = re.compile(r"CALL\s+(\w+)\((.*?)\)")
-_TOOL_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.S)
 
 
 class HarnessError(RollwireError, RuntimeError):
@@ -57,36 +54,6 @@ class ResourceLimit(HarnessError):
 
 def completion_harness(row: dict, interceptor: Interceptor) -> str:
     return interceptor.complete(row["prompt"])
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    name: str
-    arguments: dict[str, Any] | str
-    """The call's arguments by name, or (`CALL tool(text)`) the text of the tool's first argument."""
-    error: str | None = None
-    """Why the call could not be read; the model is told this instead of a result."""
-
-
-def parse_tool_calls(reply: str) -> list[ToolCall]:
-    """Every tool call in a reply: Hermes/Qwen `<tool_call>{json}</tool_call>` blocks (an unclosed
-    last one too: generation may stop inside it), else `CALL tool(argument)`; none means an answer."""
-    blocks = _TOOL_CALL.findall(reply)
-    if not blocks:
-        return [ToolCall(m.group(1), m.group(2)) for m in _CALL.finditer(reply)][:1]
-    calls = []
-    for block in blocks:
-        try:
-            call = json.loads(block)
-            name, arguments = call["name"], call.get("arguments", {})
-            if isinstance(arguments, str):  # some models write the arguments as a JSON string
-                arguments = json.loads(arguments)
-            if not isinstance(name, str) or not isinstance(arguments, dict):
-                raise ValueError("want {\"name\": TOOL, \"arguments\": {PARAMETER: VALUE, ...}}")
-            calls.append(ToolCall(name, arguments))
-        except (ValueError, KeyError, TypeError) as exc:
-            calls.append(ToolCall("", "", error=f"error: malformed tool call {block.strip()[:200]!r}: {exc}"))
-    return calls
 
 
 def chat_harness(row: dict, interceptor: Interceptor, *, max_turns: int = 4) -> str:

@@ -7,9 +7,10 @@
     server.listen_unix(path)               ->  the same routes on a Unix socket too (containers with
                                               no network reach their rollout through it)
 
-The agent sees a normal chat-completions API; sampling settings come from the task (whatever
-the agent asks for temperature or max_tokens is ignored), and every call lands in that
-rollout's interceptor. Loopback only.
+The agent sees the OpenAI API as it would from a provider (`producers/openai_api.py`: tools and
+tool calls, `content: null` and text parts, `stream: true`, usage, finish reasons); sampling
+settings come from the task (whatever the agent asks for temperature or max_tokens is ignored),
+and every call lands in that rollout's interceptor. Loopback only.
 """
 
 from __future__ import annotations
@@ -17,12 +18,20 @@ from __future__ import annotations
 import json
 import secrets
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from socketserver import ThreadingUnixStreamServer
 
 from rollwire.producers.interception import Interceptor, RolloutTooLong
+from rollwire.producers.openai_api import (
+    ApiError,
+    CompletionRequest,
+    chat_request,
+    chat_response,
+    completion_request,
+    completion_response,
+    stream_chunks,
+)
 
 CHAT = ["v1", "chat", "completions"]
 COMPLETIONS = ["v1", "completions"]
@@ -32,27 +41,11 @@ READ_TIMEOUT_S = 60.0
 """A client that sends nothing for this long is disconnected: a stalled agent holds no thread for good."""
 
 
-def _request_error(body: object, chat: bool) -> str | None:
-    """What is wrong with a request body, or None."""
-    if not isinstance(body, dict):
-        return f"the body is a JSON {type(body).__name__}, not an object"
-    if not chat:
-        return None if isinstance(body.get("prompt"), str) else "`prompt` must be a string"
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        return "`messages` must be a non-empty list"
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            return f"`messages[{i}]` must be an object with string `role` and `content`"
-    tools = body.get("tools")
-    if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
-        return "`tools` must be a list of function objects ({\"type\": \"function\", \"function\": {...}})"
-    return None
-
-
 class InterceptionServer:
     def __init__(self) -> None:
         self._rollouts: dict[str, Interceptor] = {}
+        self._issued: dict[str, dict[str, str]] = {}
+        """Per rollout, the tool call ids it returned and the text sampled with each (`openai_api`)."""
         self._lock = threading.Lock()
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._unix: list[ThreadingUnixStreamServer] = []
@@ -66,11 +59,14 @@ class InterceptionServer:
         token = secrets.token_hex(8)
         with self._lock:
             self._rollouts[token] = interceptor
+            self._issued[token] = {}
         return f"http://127.0.0.1:{self.port}/rollouts/{token}/v1"
 
     def close(self, base_url: str) -> None:
+        token = base_url.rstrip("/").split("/")[-2]
         with self._lock:
-            self._rollouts.pop(base_url.rstrip("/").split("/")[-2], None)
+            self._rollouts.pop(token, None)
+            self._issued.pop(token, None)
 
     def listen_unix(self, path: Path) -> None:
         """Serves every rollout's routes on the Unix socket `path` too (created here, readable and
@@ -104,6 +100,7 @@ class InterceptionServer:
                 parts = self.path.strip("/").split("/")
                 with server._lock:
                     interceptor = server._rollouts.get(parts[1]) if len(parts) >= 2 else None
+                    issued = server._issued.get(parts[1], {}) if len(parts) >= 2 else {}
                 route = parts[2:]
                 if interceptor is None or parts[0] != "rollouts" or route not in (CHAT, COMPLETIONS):
                     return self._answer(404, {"error": {"message": f"no such rollout endpoint: {self.path}"}})
@@ -127,28 +124,46 @@ class InterceptionServer:
                     body = json.loads(data)
                 except ValueError as exc:  # UnicodeDecodeError included
                     return self._answer(400, {"error": {"message": f"not a {kind} request: the body is not JSON: {exc}"}})
-                error = _request_error(body, chat)
-                if error:
-                    return self._answer(400, {"error": {"message": f"not a {kind} request: {error}"}})
                 try:
-                    if not chat:
-                        text = interceptor.complete(body["prompt"])
-                    elif body.get("tools"):  # rendered into the prompt by the model's chat template
-                        text = interceptor.chat(body["messages"], tools=body["tools"])
+                    request = chat_request(body, issued) if chat else completion_request(body)
+                except ApiError as exc:
+                    return self._answer(exc.status, {"error": {"message": f"not a {kind} request: {exc}"}})
+                try:
+                    if isinstance(request, CompletionRequest):
+                        text = interceptor.complete(request.prompt)
+                    elif request.tools:  # rendered into the prompt by the model's chat template
+                        text = interceptor.chat(request.messages, tools=request.tools)
                     else:
-                        text = interceptor.chat(body["messages"])
+                        text = interceptor.chat(request.messages)
                 except RolloutTooLong as exc:  # the agent's conversation outgrew the rollout's limit
                     return self._answer(400, {"error": {"message": str(exc), "code": "context_length_exceeded"}})
                 except Exception as exc:  # the fleet failed: tell the agent, as an API would
                     return self._answer(502, {"error": {"message": f"inference failed: {exc}"}})
-                finish = interceptor.finish_reason or "stop"
-                choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
-                          if chat else {"index": 0, "text": text, "finish_reason": finish})
-                self._answer(200, {
-                    "id": f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(6)}",
-                    "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-                    "model": str(body.get("model", "policy")), "choices": [choice],
-                    "usage": interceptor.usage})
+                if isinstance(request, CompletionRequest):
+                    response = completion_response(text, interceptor.finish_reason, interceptor.usage, request.model)
+                else:
+                    with server._lock:
+                        response = chat_response(text, interceptor.finish_reason, interceptor.usage, request.model,
+                                                 issued)
+                if request.stream:
+                    return self._stream(stream_chunks(response, request.include_usage))
+                self._answer(200, response)
+
+            def _stream(self, chunks) -> None:
+                """Server-sent events, one per chunk, then `[DONE]`; the connection ends the stream."""
+                self.close_connection = True
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Cache-Control", "no-cache")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                try:
+                    for chunk in chunks:
+                        self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                    self.wfile.write(b"data: [DONE]\n\n")
+                    self.wfile.flush()
+                except OSError:  # the agent went away mid-stream: its call is recorded all the same
+                    pass
 
             def _answer(self, status: int, payload: dict) -> None:
                 data = json.dumps(payload).encode()

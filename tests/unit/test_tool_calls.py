@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 
 from rollwire.producers.assembly import assemble
-from rollwire.producers.harnesses import ToolCall, chat_harness, parse_tool_calls
+from rollwire.producers.harnesses import chat_harness
 from rollwire.producers.interception import Interceptor
+from rollwire.producers.tool_calls import ToolCall, parse_tool_calls
 from rollwire.producers.tools import TOOLS
 from rollwire.schemas.rollout import SamplingParams
 from rollwire.trainer.tiny import build_bpe_tokenizer
