@@ -10,9 +10,10 @@ rollout's `Interceptor`, so every sampled token is recorded.
                  failure comes back as an error the model can read; `max_turns` is an option
     conversation the chat harness for several turns with a simulated user (a script, or another
                  model playing the user: `rollwire.producers.users`) saying each next user message
-    script       unmodified agent code in a subprocess that knows only an OpenAI base URL
-                 (OPENAI_BASE_URL, OPENAI_API_KEY) and the task (ROLLWIRE_TASK, JSON); the last
-                 line it prints is its answer
+    script       unmodified agent code in a subprocess that knows only its rollout's URL
+                 (OPENAI_BASE_URL for the OpenAI APIs, ANTHROPIC_BASE_URL for Anthropic's:
+                 `rollwire.producers.agent_api`) and the task (ROLLWIRE_TASK, JSON); the last line
+                 it prints is its answer
 
 A harness returns the final answer text; raising (or a non-zero exit) makes the rollout errored.
 """
@@ -29,6 +30,7 @@ from pydantic import AfterValidator
 from rollwire.core.errors import RollwireError
 from rollwire.core.processes import agent_environment, die_with_parent
 from rollwire.core.registry import Registry
+from rollwire.producers.agent_api import agent_variables
 from rollwire.producers.interception import Interceptor
 from rollwire.producers.interception_server import InterceptionServer
 from rollwire.producers.tool_calls import parse_tool_calls
@@ -131,7 +133,7 @@ def script_harness(command: list[str], server: InterceptionServer, *, timeout_s:
     """A harness that runs `command` as an unmodified agent against the rollout's endpoint."""
     def run(row: dict, interceptor: Interceptor) -> str:
         done = run_against_endpoint(command, server, interceptor, lambda url: {
-            "OPENAI_BASE_URL": url, "OPENAI_API_KEY": "rollwire", "ROLLWIRE_TASK": json.dumps(row)},
+            **agent_variables(url), "ROLLWIRE_TASK": json.dumps(row)},
             timeout_s=timeout_s, what="the agent")
         if done.returncode != 0:
             raise HarnessError(f"the agent exited with code {done.returncode}: {done.stderr[-500:]}")

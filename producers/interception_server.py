@@ -3,12 +3,14 @@
     base_url = server.open(interceptor)   ->  http://127.0.0.1:PORT/rollouts/<token>/v1
     POST <base_url>/chat/completions       ->  interceptor.chat(messages, tools): recorded in tokens
     POST <base_url>/completions            ->  interceptor.complete(prompt): raw text, recorded in tokens
+    POST <base_url>/responses              ->  the Responses API, onto interceptor.chat
+    POST <base_url minus /v1>/v1/messages  ->  the Anthropic Messages API, onto interceptor.chat
     server.close(base_url)                 ->  the URL stops answering (404)
     server.listen_unix(path)               ->  the same routes on a Unix socket too (containers with
                                               no network reach their rollout through it)
 
-The agent sees the OpenAI API as it would from a provider (`producers/openai_api.py`: tools and
-tool calls, `content: null` and text parts, `stream: true`, usage, finish reasons); sampling
+The agent sees the APIs as it would from a provider (`producers/agent_api/`: tools and tool calls,
+tool results, text parts, `stream: true`, usage, finish and stop reasons); sampling
 settings come from the task (whatever the agent asks for temperature or max_tokens is ignored),
 and every call lands in that rollout's interceptor. Loopback only.
 """
@@ -22,19 +24,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from socketserver import ThreadingUnixStreamServer
 
+from rollwire.producers.agent_api.anthropic import MESSAGES
+from rollwire.producers.agent_api.common import ApiError, Issued, read_reply
+from rollwire.producers.agent_api.openai_chat import CHAT_COMPLETIONS, COMPLETIONS
+from rollwire.producers.agent_api.responses import RESPONSES
 from rollwire.producers.interception import Interceptor, RolloutTooLong
-from rollwire.producers.openai_api import (
-    ApiError,
-    CompletionRequest,
-    chat_request,
-    chat_response,
-    completion_request,
-    completion_response,
-    stream_chunks,
-)
 
-CHAT = ["v1", "chat", "completions"]
-COMPLETIONS = ["v1", "completions"]
+ROUTES = {("v1", "chat", "completions"): CHAT_COMPLETIONS, ("v1", "completions"): COMPLETIONS,
+          ("v1", "responses"): RESPONSES, ("v1", "messages"): MESSAGES}
+"""What each rollout URL's paths serve (`producers/agent_api/`)."""
 MAX_BODY_BYTES = 16 * 1024 * 1024
 """Largest request body an agent may send (a conversation of a few million characters); larger get 413."""
 READ_TIMEOUT_S = 60.0
@@ -44,8 +42,8 @@ READ_TIMEOUT_S = 60.0
 class InterceptionServer:
     def __init__(self) -> None:
         self._rollouts: dict[str, Interceptor] = {}
-        self._issued: dict[str, dict[str, str]] = {}
-        """Per rollout, the tool call ids it returned and the text sampled with each (`openai_api`)."""
+        self._issued: dict[str, Issued] = {}
+        """Per rollout, the tool call ids and response ids it returned, with what was sampled (`agent_api`)."""
         self._lock = threading.Lock()
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._unix: list[ThreadingUnixStreamServer] = []
@@ -59,7 +57,7 @@ class InterceptionServer:
         token = secrets.token_hex(8)
         with self._lock:
             self._rollouts[token] = interceptor
-            self._issued[token] = {}
+            self._issued[token] = Issued()
         return f"http://127.0.0.1:{self.port}/rollouts/{token}/v1"
 
     def close(self, base_url: str) -> None:
@@ -100,12 +98,12 @@ class InterceptionServer:
                 parts = self.path.strip("/").split("/")
                 with server._lock:
                     interceptor = server._rollouts.get(parts[1]) if len(parts) >= 2 else None
-                    issued = server._issued.get(parts[1], {}) if len(parts) >= 2 else {}
-                route = parts[2:]
-                if interceptor is None or parts[0] != "rollouts" or route not in (CHAT, COMPLETIONS):
-                    return self._answer(404, {"error": {"message": f"no such rollout endpoint: {self.path}"}})
-                chat = route == CHAT
-                kind = "chat completions" if chat else "completions"
+                    issued = server._issued.get(parts[1]) if len(parts) >= 2 else None
+                api = ROUTES.get(tuple(parts[2:]))
+                if interceptor is None or issued is None or parts[0] != "rollouts" or api is None:
+                    return self._answer(404, {"error": {"message": f"no such rollout endpoint: {self.path} (served: "
+                                                        f"{', '.join('/' + '/'.join(r) for r in ROUTES)})"}})
+                kind = api.name
                 try:
                     length = int(self.headers.get("Content-Length", "0"))
                 except ValueError:
@@ -125,32 +123,30 @@ class InterceptionServer:
                 except ValueError as exc:  # UnicodeDecodeError included
                     return self._answer(400, {"error": {"message": f"not a {kind} request: the body is not JSON: {exc}"}})
                 try:
-                    request = chat_request(body, issued) if chat else completion_request(body)
+                    request = api.parse(body, issued)
                 except ApiError as exc:
-                    return self._answer(exc.status, {"error": {"message": f"not a {kind} request: {exc}"}})
+                    return self._answer(exc.status, api.error(f"not a {kind} request: {exc}"))
                 try:
-                    if isinstance(request, CompletionRequest):
-                        text = interceptor.complete(request.prompt)
+                    if request.raw_prompt is not None:
+                        text = interceptor.complete(request.raw_prompt)
                     elif request.tools:  # rendered into the prompt by the model's chat template
                         text = interceptor.chat(request.messages, tools=request.tools)
                     else:
                         text = interceptor.chat(request.messages)
                 except RolloutTooLong as exc:  # the agent's conversation outgrew the rollout's limit
-                    return self._answer(400, {"error": {"message": str(exc), "code": "context_length_exceeded"}})
+                    return self._answer(400, api.error(str(exc), "context_length_exceeded"))
                 except Exception as exc:  # the fleet failed: tell the agent, as an API would
-                    return self._answer(502, {"error": {"message": f"inference failed: {exc}"}})
-                if isinstance(request, CompletionRequest):
-                    response = completion_response(text, interceptor.finish_reason, interceptor.usage, request.model)
-                else:
-                    with server._lock:
-                        response = chat_response(text, interceptor.finish_reason, interceptor.usage, request.model,
-                                                 issued)
+                    return self._answer(502, api.error(f"inference failed: {exc}"))
+                reply = read_reply(text, interceptor.finish_reason, interceptor.usage, issued, api.call_prefix,
+                                   tools=request.read_tool_calls)
+                response = api.respond(reply, request, issued)
                 if request.stream:
-                    return self._stream(stream_chunks(response, request.include_usage))
+                    return self._stream(api.events(response, request))
                 self._answer(200, response)
 
-            def _stream(self, chunks) -> None:
-                """Server-sent events, one per chunk, then `[DONE]`; the connection ends the stream."""
+            def _stream(self, events) -> None:
+                """Server-sent events, one per `(event name or None, payload)`, then OpenAI's `[DONE]`;
+                the connection's end ends the stream."""
                 self.close_connection = True
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
@@ -158,8 +154,9 @@ class InterceptionServer:
                 self.send_header("Connection", "close")
                 self.end_headers()
                 try:
-                    for chunk in chunks:
-                        self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                    for name, payload in events:
+                        line = f"event: {name}\n" if name else ""
+                        self.wfile.write(f"{line}data: {json.dumps(payload)}\n\n".encode())
                     self.wfile.write(b"data: [DONE]\n\n")
                     self.wfile.flush()
                 except OSError:  # the agent went away mid-stream: its call is recorded all the same

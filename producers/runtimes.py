@@ -119,7 +119,8 @@ class EndpointClient:
         return self._post("/completions", {"model": "policy", "prompt": prompt})["choices"][0]["text"]
 
     def chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
-        body: dict[str, Any] = {"model": "policy", "messages": messages}
+        # the text as sampled, tool calls and all: rollwire's harnesses read the calls themselves
+        body: dict[str, Any] = {"model": "policy", "messages": messages, "rollwire_sampled_text": True}
         if tools:
             body["tools"] = tools
         return self._post("/chat/completions", body)["choices"][0]["message"]["content"]

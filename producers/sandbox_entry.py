@@ -10,8 +10,8 @@ runtime's warm pool); end of input before that line ends the container at once (
 The container has no network at all (`--network none`): its one way out is the Unix socket of the
 worker's interception server, mounted at $ROLLWIRE_SOCKET. This program listens on the container's
 own loopback and relays each connection to that socket, runs COMMAND with the rollout's
-OpenAI-compatible URL on that loopback (OPENAI_BASE_URL, and ROLLWIRE_MODEL_URL for rollwire's own
-harness entry point) for at most $ROLLWIRE_TIMEOUT_S, then prints one JSON line: the command's exit
+URL on that loopback (OPENAI_BASE_URL, ANTHROPIC_BASE_URL without its /v1, and ROLLWIRE_MODEL_URL
+for rollwire's own harness entry point) for at most $ROLLWIRE_TIMEOUT_S, then prints one JSON line: the command's exit
 code and output (or that it timed out), and how often the container's memory and process limits
 were hit (read from its cgroup, v1 or v2), and exits, ending whatever the command left running.
 
@@ -122,7 +122,8 @@ def main(argv: list[str]) -> int:
     threading.Thread(target=_relay, args=(listener, os.environ["ROLLWIRE_SOCKET"]), daemon=True).start()
     url = f"http://127.0.0.1:{listener.getsockname()[1]}{os.environ['ROLLWIRE_URL_PATH']}"
     env = {k: v for k, v in os.environ.items() if k not in ("ROLLWIRE_SOCKET", "ROLLWIRE_URL_PATH")}
-    env.update(OPENAI_BASE_URL=url, OPENAI_API_KEY="rollwire", ROLLWIRE_MODEL_URL=url)
+    env.update(OPENAI_BASE_URL=url, OPENAI_API_KEY="rollwire", ROLLWIRE_MODEL_URL=url,  # as agent_api.agent_variables
+               ANTHROPIC_BASE_URL=url.removesuffix("/v1"), ANTHROPIC_API_KEY="rollwire")
     timeout_s = float(os.environ.get("ROLLWIRE_TIMEOUT_S", "0")) or None
     try:
         child = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

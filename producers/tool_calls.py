@@ -4,7 +4,7 @@
     CALL calculator(6 * 7)                                                 the bundled calculator's own protocol
 
 The chat harness answers the calls it finds; the interception server returns them to agents as
-OpenAI `tool_calls` (`producers/openai_api.py`).
+`tool_calls`, `tool_use` blocks or `function_call` items (`producers/agent_api/`).
 """
 
 from __future__ import annotations

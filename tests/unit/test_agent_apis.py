@@ -1,17 +1,19 @@
-"""The OpenAI API a rollout's URL serves, driven by the real `openai` SDK as an agent uses it: tools
-and tool calls, the tool turn back, text parts, streaming, and what is refused. The model behind the
-URL is scripted here (own code path); the recorded tokens against a real vLLM server are the
-inference tier's."""
+"""The APIs a rollout's URL serves, driven by the real `openai` and `anthropic` SDKs as agents use
+them: tools and tool calls, the tool turn back, text parts, streaming, and what is refused; Chat
+Completions, the Responses API and Anthropic's Messages API. The model behind the URL is scripted
+here (own code path); the recorded tokens against a real vLLM server are the inference tier's."""
 
 from __future__ import annotations
 
 import json
 
+import anthropic
 import openai
 import pytest
 
+from rollwire.producers.agent_api.common import ApiError, Issued, read_reply
+from rollwire.producers.agent_api.openai_chat import parse_chat, respond_chat
 from rollwire.producers.interception_server import InterceptionServer
-from rollwire.producers.openai_api import ApiError, chat_request, chat_response
 
 ADD = {"type": "function", "function": {"name": "add", "description": "Adds two numbers.", "parameters": {
     "type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}, "required": ["a", "b"]}}}
@@ -39,15 +41,19 @@ class ScriptedModel:
 
 
 @pytest.fixture
-def served():
+def server():
     server = InterceptionServer()
+    yield server
+    server.shutdown()
 
+
+@pytest.fixture
+def served(server):
     def open_(replies: list[str]) -> tuple[openai.OpenAI, ScriptedModel]:
         model = ScriptedModel(replies)
         return openai.OpenAI(base_url=server.open(model), api_key="rollwire", max_retries=0), model
 
-    yield open_
-    server.shutdown()
+    return open_
 
 
 def test_the_sdk_gets_parallel_tool_calls_and_its_turn_back_renders_the_sampled_text(served):
@@ -119,12 +125,76 @@ def test_what_cannot_be_served_is_refused_with_the_reason(served, change, messag
 
 
 def test_tool_choice_none_offers_no_tools_and_a_malformed_call_stays_text():
-    request = chat_request({"messages": [{"role": "user", "content": "x"}], "tools": [ADD], "tool_choice": "none"}, {})
+    request = parse_chat({"messages": [{"role": "user", "content": "x"}], "tools": [ADD], "tool_choice": "none"},
+                         Issued())
     assert request.tools is None
-    issued: dict[str, str] = {}
-    reply = chat_response("<tool_call>{not json</tool_call>", "stop", {}, "policy", issued)
+    issued = Issued()
+    reply = respond_chat(read_reply("<tool_call>{not json</tool_call>", "stop", {}, issued), request, issued)
     assert reply["choices"][0]["message"] == {"role": "assistant", "content": "<tool_call>{not json</tool_call>"}
-    assert reply["choices"][0]["finish_reason"] == "stop" and issued == {}
+    assert reply["choices"][0]["finish_reason"] == "stop" and issued.calls == {}
     with pytest.raises(ApiError, match="its arguments are not JSON"):
-        chat_request({"messages": [{"role": "assistant", "tool_calls": [
-            {"id": "x", "type": "function", "function": {"name": "add", "arguments": "{a: 1"}}]}]}, {})
+        parse_chat({"messages": [{"role": "assistant", "tool_calls": [
+            {"id": "x", "type": "function", "function": {"name": "add", "arguments": "{a: 1"}}]}]}, Issued())
+
+
+def test_the_responses_api_returns_function_calls_and_takes_their_outputs_and_previous_responses(server):
+    model = ScriptedModel([TWO_CALLS, "It is 5 and -4.", "Yes."])
+    client = openai.OpenAI(base_url=server.open(model), api_key="rollwire", max_retries=0)
+    tools = [{"type": "function", "name": t["function"]["name"], "description": t["function"].get("description", ""),
+              "parameters": t["function"]["parameters"]} for t in (ADD, NEGATE)]
+    first = client.responses.create(model="policy", instructions="Use the tools.", input="2+3, and -4?", tools=tools)
+    calls = [item for item in first.output if item.type == "function_call"]
+    assert first.status == "completed" and [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("add", {"a": 2, "b": 3}), ("negate", {"x": 4})]
+    assert model.asked[0] == ([{"role": "system", "content": "Use the tools."}, {"role": "user", "content": "2+3, and -4?"}],
+                              [ADD, {"type": "function", "function": {**NEGATE["function"], "description": ""}}])
+
+    # the agent sends the whole conversation back: its own input, the calls as items, their outputs
+    second = client.responses.create(model="policy", tools=tools, input=[
+        {"role": "user", "content": "2+3, and -4?"}, *[c.model_dump(exclude_none=True) for c in calls],
+        *({"type": "function_call_output", "call_id": c.call_id, "output": r} for c, r in zip(calls, ("5", "-4")))])
+    assert second.output_text == "It is 5 and -4."
+    assert model.asked[1][0] == [{"role": "user", "content": "2+3, and -4?"}, {"role": "assistant", "content": TWO_CALLS},
+                                 {"role": "tool", "tool_call_id": calls[0].call_id, "content": "5"},
+                                 {"role": "tool", "tool_call_id": calls[1].call_id, "content": "-4"}]
+
+    # or continues from a response: the conversation up to it, without the earlier instructions
+    events = list(client.responses.create(model="policy", previous_response_id=second.id, input="Sure?", stream=True))
+    assert events[-1].type == "response.completed" and events[-1].response.output_text == "Yes."
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "Yes."
+    assert model.asked[2][0][-3:] == [model.asked[1][0][-1], {"role": "assistant", "content": "It is 5 and -4."},
+                                      {"role": "user", "content": "Sure?"}]
+    with pytest.raises(openai.BadRequestError, match="previous_response_id 'resp_nope' is not a response of this"):
+        client.responses.create(model="policy", previous_response_id="resp_nope", input="x")
+    with pytest.raises(openai.BadRequestError, match="a tool of type 'web_search' is not served"):
+        client.responses.create(model="policy", input="x", tools=[{"type": "web_search"}])
+
+
+def test_the_anthropic_sdk_gets_tool_use_blocks_and_its_tool_results_render_after_the_sampled_text(server):
+    model = ScriptedModel(['Let me add. <tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>',
+                           "The sum is 5.", "Done."])
+    client = anthropic.Anthropic(base_url=server.open(model).removesuffix("/v1"), api_key="rollwire", max_retries=0)
+    tools = [{"name": "add", "description": "Adds two numbers.", "input_schema": ADD["function"]["parameters"]}]
+    messages = [{"role": "user", "content": "2+3?"}]
+    first = client.messages.create(model="policy", max_tokens=64, system="Use the tools.", messages=messages,
+                                   tools=tools)
+    assert first.stop_reason == "tool_use" and first.usage.output_tokens == 3
+    text, use = first.content
+    assert text.text == "Let me add." and (use.type, use.name, use.input) == ("tool_use", "add", {"a": 2, "b": 3})
+    assert model.asked[0][1] == [ADD]
+
+    messages += [{"role": "assistant", "content": [b.model_dump() for b in first.content]},
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "5"}]}]
+    second = client.messages.create(model="policy", max_tokens=64, messages=messages, tools=tools)
+    assert second.stop_reason == "end_turn" and second.content[0].text == "The sum is 5."
+    sampled = 'Let me add. <tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+    assert model.asked[1][0][1:] == [{"role": "assistant", "content": sampled},
+                                     {"role": "tool", "tool_call_id": use.id, "content": "5"}]
+
+    with client.messages.stream(model="policy", max_tokens=64, messages=[{"role": "user", "content": "ok?"}]) as stream:
+        said = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert said == "Done." and final.stop_reason == "end_turn"
+    with pytest.raises(anthropic.BadRequestError, match="'image' block is not served"):
+        client.messages.create(model="policy", max_tokens=8, messages=[{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}])
