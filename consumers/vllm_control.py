@@ -47,6 +47,7 @@ class VllmControl:
         self.timeout_s = timeout_s
         self._http = JsonClient(self.base_url, timeout_s=timeout_s, max_connections=max_connections)
         self._tokenized = functools.lru_cache(maxsize=4096)(self._tokenize)
+        self._end_of_turn: list[int] | None = None
 
     def _request(self, method: str, path: str, body: Any = None, timeout_s: float | None = None) -> Any:
         try:
@@ -152,13 +153,42 @@ class VllmControl:
         """The text of `token_ids`, as the server's tokenizer decodes them."""
         return self._request("POST", "/detokenize", {"tokens": list(token_ids)})["prompt"]
 
-    def render_chat(self, messages: list[dict], *, model: str = "policy", tools: list[dict] | None = None) -> list[int]:
+    def render_chat(self, messages: list[dict], *, model: str = "policy", tools: list[dict] | None = None,
+                    add_generation_prompt: bool = True) -> list[int]:
         """The prompt token ids of `messages` (and `tools`, OpenAI function schemas) under the served
-        chat template, ready for the assistant."""
-        body: dict[str, Any] = {"model": model, "messages": messages, "add_generation_prompt": True}
+        chat template, ready for the assistant (or, without `add_generation_prompt`, as they are)."""
+        body: dict[str, Any] = {"model": model, "messages": messages, "add_generation_prompt": add_generation_prompt}
         if tools:  # rendered by the template; the harness parses the calls itself, so vLLM's parser stays off
             body.update(tools=tools, tool_choice="none")
         return self._request("POST", "/v1/chat/completions/render", body)["token_ids"]
+
+    def end_of_turn_ids(self, model: str = "policy") -> list[int]:
+        """The token the served chat template closes an assistant turn with (`<|im_end|>` for ChatML,
+        `<|eot_id|>` for Llama 3, `<end_of_turn>` for Gemma), read from the template itself; [] when
+        it cannot be told. Remembered: a server's template does not change."""
+        if self._end_of_turn is None:
+            user = [{"role": "user", "content": "hi"}]
+            self._end_of_turn = turn_end(self.render_chat(user, model=model),
+                                         self.render_chat([*user, {"role": "assistant", "content": TURN_PROBE}],
+                                                          model=model, add_generation_prompt=False),
+                                         self.tokenize(TURN_PROBE))
+        return list(self._end_of_turn)
+
+
+TURN_PROBE = "Sure."
+"""An assistant reply whose tokens are found in a rendered turn, to read what the template writes after it."""
+
+
+def turn_end(prefix: Sequence[int], full: Sequence[int], content: Sequence[int]) -> list[int]:
+    """The end-of-turn token of a chat template, from `prefix` (a user turn rendered ready for the
+    assistant), `full` (the same with the assistant's reply `content`, rendered as history) and the
+    reply's own tokens: the token right after the reply. [] when the reply is not found."""
+    rest = list(full[len(prefix):]) if list(full[: len(prefix)]) == list(prefix) else list(full)
+    content = list(content)
+    for start in range(len(rest) - len(content)):
+        if rest[start: start + len(content)] == content:
+            return [rest[start + len(content)]]
+    return []
 
 
 def _sampling(max_tokens: int, temperature: float, logprobs: bool, seed: int | None, ignore_eos: bool) -> dict:

@@ -32,6 +32,18 @@ class Assembly:
     weight_versions: list[WeightVersionSpan] = field(default_factory=list)
     branches: list[int] = field(default_factory=list)
     """Branch of each call, in call order (0 = the main line)."""
+    untrained_tokens: int = 0
+    """Tokens sampled by calls off the main line: in the trace, not in the training record."""
+
+    @property
+    def branched_calls(self) -> int:
+        return sum(1 for b in self.branches if b)
+
+    def metrics(self) -> dict[str, float]:
+        """What a rollout's metrics say of its assembly, so that a template that rewrites history
+        (and with it, lost training data) shows in every step's figures."""
+        return {"rollwire.branched_calls": float(self.branched_calls),
+                "rollwire.untrained_tokens": float(self.untrained_tokens)}
 
     @property
     def sequence(self) -> list[int]:
@@ -53,6 +65,7 @@ def assemble(calls: list[InferenceCall]) -> Assembly:
         else:
             branch += 1
             out.branches.append(branch)
+            out.untrained_tokens += len(call.completion_token_ids)
             continue
         start = len(out.completion_token_ids)
         out.completion_token_ids += call.completion_token_ids

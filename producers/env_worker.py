@@ -396,7 +396,7 @@ class EnvWorker:
             group_size=task.group_size, sample_index=index, prompt_token_ids=record.prompt_token_ids,
             completion_token_ids=record.completion_token_ids, completion_logprobs=record.completion_logprobs,
             loss_mask=record.loss_mask, weight_versions=record.weight_versions, rewards=judgement.rewards,
-            reward=judgement.reward, metrics=judgement.metrics, error=judgement.error,
+            reward=judgement.reward, metrics={**judgement.metrics, **record.metrics()}, error=judgement.error,
             question=task_text(taskset, task.task), answer=answer,
             timings=RolloutTimings(queued_s=max(0.0, (now_ms() - task.issued_at_ms) / 1000 - ran),
                                    inference_s=inference, environment_s=max(0.0, ran - inference),

@@ -38,7 +38,7 @@ from rollwire.consumers.vllm_control import VllmControl, VllmError
 from rollwire.core import telemetry
 from rollwire.core.bus import EventLog, EventProducer
 from rollwire.core.http_service import Refused, check_exposure, load_tokens, read_json, refusals, run_app, source_of
-from rollwire.producers.interception import END_OF_TURN, Interceptor, recorded_call, shown_ids
+from rollwire.producers.interception import Interceptor, recorded_call, shown_ids
 from rollwire.producers.releases import ServingPlan
 from rollwire.producers.routing import FleetView, RolloutRoute, Router
 from rollwire.schemas.base import new_id
@@ -172,9 +172,9 @@ class Gateway:
         return self.router.route(self.plan.pick(self._rng) if self.plan is not None else None)
 
     def end_of_turn(self, route: RolloutRoute) -> list[int]:
+        """The served template's end-of-turn token (`VllmControl.end_of_turn_ids`), asked once."""
         if self._end_of_turn is None:
-            ids = route.tokenize(END_OF_TURN)
-            self._end_of_turn = ids if len(ids) == 1 else []
+            self._end_of_turn = route.end_of_turn_ids(self.settings.model)
         return self._end_of_turn
 
     def healthy(self) -> bool:

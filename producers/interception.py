@@ -143,8 +143,8 @@ class Interceptor:
         return text
 
     def _end_of_turn(self) -> list[int]:
-        ids = self.control.tokenize(END_OF_TURN)
-        return ids if len(ids) == 1 else []
+        """Where a chat reply ends: the served template's end-of-turn token (`VllmControl.end_of_turn_ids`)."""
+        return self.control.end_of_turn_ids(self.model or "policy")
 
     def complete_ids(self, prompt_ids: list[int], *, stop_token_ids: list[int] | None = None) -> str:
         """Samples a continuation of `prompt_ids`; records the call; returns the decoded text."""
@@ -201,7 +201,6 @@ def shown_ids(choice: dict, stop_token_ids: list[int] | None) -> list[int]:
     return completion
 
 
-END_OF_TURN = "<|im_end|>"
 """ChatML's end-of-turn token: an assistant turn must stop on it, so that re-rendering the
 conversation for the next call reproduces the sampled ids and the turns join one sequence."""
 

@@ -269,8 +269,13 @@ class RolloutRoute:
     def detokenize(self, token_ids: Sequence[int]) -> str:
         return self._call(lambda c: c.detokenize(token_ids))
 
-    def render_chat(self, messages: list[dict], *, model: str = "policy", tools: list[dict] | None = None) -> list[int]:
-        return self._call(lambda c: c.render_chat(messages, model=model, tools=tools))
+    def render_chat(self, messages: list[dict], *, model: str = "policy", tools: list[dict] | None = None,
+                    add_generation_prompt: bool = True) -> list[int]:
+        return self._call(lambda c: c.render_chat(messages, model=model, tools=tools,
+                                                  add_generation_prompt=add_generation_prompt))
+
+    def end_of_turn_ids(self, model: str = "policy") -> list[int]:
+        return self._call(lambda c: c.end_of_turn_ids(model))
 
     def generate(self, token_ids: Sequence[int], **options: Any) -> dict:
         return self._call(lambda c: c.generate(token_ids, **options), sampled=_versions)

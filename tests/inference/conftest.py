@@ -12,14 +12,17 @@ import pytest
 
 from rollwire.consumers.vllm_server import VllmServer, VllmServerSettings
 
+JSON_CHARACTERS = '{}[]"_<#'
+"""Characters the demo's alphabet lacks and tool schemas and calls need (`<tool_call>{"name": ...}`)."""
+
 
 class TinyModels:
     """Builds weight versions of one tiny architecture (and one that does not fit)."""
 
     def __init__(self, root: Path) -> None:
-        from rollwire.trainer.tiny import build_char_tokenizer, build_tiny_model
+        from rollwire.trainer.tiny import ALPHABET, build_char_tokenizer, build_tiny_model
         self.root, self._build = root, build_tiny_model
-        self.tokenizer = build_char_tokenizer()
+        self.tokenizer = build_char_tokenizer(ALPHABET + JSON_CHARACTERS)
         self.base = self.version(seed=0)
 
     def version(self, seed: int, **overrides) -> Path:
@@ -29,18 +32,20 @@ class TinyModels:
         return path
 
 
-    def overfitted(self, path: Path, conversations: list[list[dict]], *, seed: int, max_loss: float) -> Path:
-        """A model of this architecture trained on `conversations` (chat messages) until greedy
-        decoding says their assistant turns: a stand-in for a model that really calls a tool or
-        really grades, built in seconds."""
+    def overfitted(self, path: Path, conversations: list[list[dict]] | None = None, *, seed: int, max_loss: float,
+                   sequences: list[list[int]] | None = None) -> Path:
+        """A model of this architecture trained on `conversations` (chat messages), or on token id
+        `sequences` as a server rendered them, until greedy decoding says their assistant turns: a
+        stand-in for a model that really calls a tool or really grades, built in seconds."""
         import torch
         from transformers import AutoModelForCausalLM
 
         from rollwire.trainer.tiny import build_tiny_model
         build_tiny_model(path, self.tokenizer, seed=seed)  # the served architecture; weights trained below
         model = AutoModelForCausalLM.from_pretrained(path)
-        batch = [torch.tensor([self.tokenizer.apply_chat_template(c, tokenize=True)["input_ids"]])
-                 for c in conversations]
+        sequences = sequences or [self.tokenizer.apply_chat_template(c, tokenize=True)["input_ids"]
+                                  for c in conversations or []]
+        batch = [torch.tensor([ids]) for ids in sequences]
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
         for _ in range(300):
             loss = sum(model(input_ids=ids, labels=ids).loss for ids in batch)

@@ -240,6 +240,10 @@ def test_one_worker_runs_each_environment_with_the_harness_and_runtime_its_setup
     assert all(r.loss_mask.count(0) > 0 for r in rollouts if r.environment == "math-word")
 
 
+NO_BRANCH = {"rollwire.branched_calls": 0.0, "rollwire.untrained_tokens": 0.0}
+"""What a rollout's metrics say when every call extended the tokens before it (`Assembly.metrics`)."""
+
+
 def _zero_runs(rollout) -> list[list[int]]:
     """The completion's runs of environment tokens (loss mask 0), in order."""
     runs, run = [], []
@@ -280,7 +284,7 @@ def test_a_conversation_with_a_simulated_user_trains_only_the_models_turns(vllm_
     traces = {t.rollout_id: t for t in read(log, topics.traces)}
 
     played = rollouts["higher-lower"]
-    assert played.error is None and played.rewards == {"found": 1.0} and played.metrics == {"guesses": 3.0}
+    assert played.error is None and played.rewards == {"found": 1.0} and played.metrics == {"guesses": 3.0, **NO_BRANCH}
     messages = [(n.role, n.content) for n in traces[played.rollout_id].nodes if n.kind == "message"]
     assert messages == [(m["role"], m["content"]) for m in game]
     turn = "\n<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
@@ -290,7 +294,7 @@ def test_a_conversation_with_a_simulated_user_trains_only_the_models_turns(vllm_
                                         for n in traces[played.rollout_id].nodes if n.kind == "llm_call")
 
     talked = rollouts["model-user"]  # the served model said something as the user; it is not trained
-    assert talked.error is None and talked.metrics == {"guesses": 2.0}
+    assert talked.error is None and talked.metrics == {"guesses": 2.0, **NO_BRANCH}
     said = [n.content for n in traces[talked.rollout_id].nodes if n.kind == "message" and n.role == "user"][1:]
     assert len(said) == 1
     assert [tiny_models.tokenizer.decode(run) for run in _zero_runs(talked)] == [turn.format(said[0])]

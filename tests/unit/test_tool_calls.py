@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import pytest
 
+from rollwire.consumers.vllm_control import VllmControl
 from rollwire.producers.assembly import assemble
 from rollwire.producers.harnesses import chat_harness
 from rollwire.producers.interception import Interceptor
 from rollwire.producers.tool_calls import ToolCall, parse_tool_calls
 from rollwire.producers.tools import TOOLS
 from rollwire.schemas.rollout import SamplingParams
-from rollwire.trainer.tiny import build_bpe_tokenizer
+from rollwire.trainer.tiny import CHAT_TEMPLATE, build_bpe_tokenizer
 
 
 def test_hermes_calls_are_parsed_each_one_and_a_malformed_one_becomes_an_error_for_the_model():
@@ -37,11 +38,17 @@ class TemplateServer:
     def __init__(self, tokenizer, replies: list[str]) -> None:
         self.tokenizer, self.replies, self.rendered_tools = tokenizer, list(replies), []
         self.end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self._end_of_turn = None
+        self.turn_end = VllmControl.end_of_turn_ids(self)  # the real reading of the template, on this one
+        self.rendered_tools = []
 
-    def render_chat(self, messages, *, model="policy", tools=None):
+    def render_chat(self, messages, *, model="policy", tools=None, add_generation_prompt=True):
         self.rendered_tools.append(tools)
-        return self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True,
-                                                  return_dict=False)
+        return self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                                                  tokenize=True, return_dict=False)
+
+    def end_of_turn_ids(self, model="policy"):
+        return self.turn_end
 
     def tokenize(self, text):
         return self.tokenizer.encode(text, add_special_tokens=False)
@@ -90,3 +97,25 @@ def test_a_bad_tool_call_is_answered_with_an_error_and_the_rollout_goes_on(reply
     assert chat_harness(row, interceptor) == "done"
     second_prompt = tokenizer.decode(interceptor.calls[1].prompt_token_ids)
     assert f"<|im_start|>tool\n{told}" in second_prompt
+
+
+QWEN3_STYLE = CHAT_TEMPLATE.replace(
+    "{{ message['content'] }}",
+    "{% if message['role'] == 'assistant' and not loop.last and '</think>' in message['content'] %}"
+    "{{ message['content'].split('</think>')[-1] }}{% else %}{{ message['content'] }}{% endif %}")
+"""ChatML that drops the reasoning of earlier assistant turns when it renders them, as Qwen3's does."""
+
+
+def test_a_template_that_drops_earlier_reasoning_branches_the_rollout_and_the_loss_is_counted():
+    tokenizer = build_bpe_tokenizer()
+    tokenizer.chat_template = QWEN3_STYLE
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
+    server = TemplateServer(tokenizer, ["<think>six sevens</think>" + call, "42"])
+    interceptor = Interceptor(server, SamplingParams(max_tokens=64), model="policy")
+    assert chat_harness({"messages": [{"role": "user", "content": "6*7?"}], "tools": ["calculator"]}, interceptor) == "42"
+
+    record = assemble(interceptor.calls)
+    assert record.branches == [0, 1]  # the second prompt lost the sampled reasoning: it cannot extend the first call
+    assert record.metrics() == {"rollwire.branched_calls": 1.0,
+                                "rollwire.untrained_tokens": float(len(interceptor.calls[1].completion_token_ids))}
+    assert record.completion_token_ids == interceptor.calls[0].completion_token_ids  # the main line only
