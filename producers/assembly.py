@@ -8,71 +8,101 @@ and sampled them. The training record is built from those ids alone — never by
                                                              tokens: environment tokens, mask 0)
     record:  prompt P1, completion C1 + E2 + C2 + …
 
-A call whose prompt does not extend everything before it (the harness edited the history, or
-re-rendering the conversation does not reproduce the sampled tokens) cannot join the same token
-sequence: it opens a new branch in the trace, and the training record keeps the main line (the
-calls before the break). Branches are never stitched by guessing.
+A call whose prompt does not extend the sequence before it (the harness edited the history, or the
+chat template re-renders what was sampled differently: Qwen3's drops earlier reasoning) cannot join
+that sequence. It joins the latest other line it extends, or starts a line of its own: a branch,
+in the trace. The training record is the main line (line 0, from the first call); the other lines
+are trained too where the environment keeps them (`branches = "all"`), else only counted
+(`metrics`). Lines are never stitched by guessing.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rollwire.schemas.rollout import InferenceCall, WeightVersionSpan
+from rollwire.schemas.rollout import InferenceCall, TokenSequence, WeightVersionSpan
 
 
 @dataclass
-class Assembly:
-    """The main line of a rollout's calls, as one token sequence."""
+class Line:
+    """One token sequence: a first call's prompt, then every completion and the environment tokens between."""
 
     prompt_token_ids: list[int] = field(default_factory=list)
     completion_token_ids: list[int] = field(default_factory=list)
     completion_logprobs: list[float] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     weight_versions: list[WeightVersionSpan] = field(default_factory=list)
-    branches: list[int] = field(default_factory=list)
-    """Branch of each call, in call order (0 = the main line)."""
-    untrained_tokens: int = 0
-    """Tokens sampled by calls off the main line: in the trace, not in the training record."""
-
-    @property
-    def branched_calls(self) -> int:
-        return sum(1 for b in self.branches if b)
-
-    def metrics(self) -> dict[str, float]:
-        """What a rollout's metrics say of its assembly, so that a template that rewrites history
-        (and with it, lost training data) shows in every step's figures."""
-        return {"rollwire.branched_calls": float(self.branched_calls),
-                "rollwire.untrained_tokens": float(self.untrained_tokens)}
 
     @property
     def sequence(self) -> list[int]:
         return self.prompt_token_ids + self.completion_token_ids
 
+    def extended_by(self, call: InferenceCall) -> bool:
+        return bool(self.prompt_token_ids) and call.prompt_token_ids[: len(self.sequence)] == self.sequence
+
+    def add(self, call: InferenceCall) -> None:
+        """Adds `call`: its prompt's new tokens as environment tokens (mask 0), then its completion."""
+        if not self.prompt_token_ids:
+            self.prompt_token_ids = list(call.prompt_token_ids)
+        else:
+            extra = call.prompt_token_ids[len(self.sequence):]
+            self.completion_token_ids += extra
+            self.completion_logprobs += [0.0] * len(extra)
+            self.loss_mask += [0] * len(extra)
+        start = len(self.completion_token_ids)
+        self.completion_token_ids += call.completion_token_ids
+        self.completion_logprobs += call.completion_logprobs
+        self.loss_mask += [1] * len(call.completion_token_ids)
+        self.weight_versions += [WeightVersionSpan(version=s.version, start=start + s.start, end=start + s.end)
+                                 for s in call.weight_versions]
+
+    def as_sequence(self) -> TokenSequence:
+        return TokenSequence(prompt_token_ids=self.prompt_token_ids, completion_token_ids=self.completion_token_ids,
+                             completion_logprobs=self.completion_logprobs, loss_mask=self.loss_mask,
+                             weight_versions=self.weight_versions)
+
+
+@dataclass
+class Assembly(Line):
+    """The main line of a rollout's calls, as one token sequence, and the lines that branched off it."""
+
+    branches: list[int] = field(default_factory=list)
+    """Line of each call, in call order (0 = the main line)."""
+    others: list[Line] = field(default_factory=list)
+    """Lines 1, 2, ...: calls that could not extend the main line, each extending the ones before it in its line."""
+
+    @property
+    def branched_calls(self) -> int:
+        return sum(1 for b in self.branches if b)
+
+    @property
+    def branch_tokens(self) -> int:
+        """Tokens sampled on the other lines."""
+        return sum(sum(line.loss_mask) for line in self.others)
+
+    def branch_sequences(self) -> list[TokenSequence]:
+        return [line.as_sequence() for line in self.others]
+
+    def metrics(self, *, branches_trained: bool = False) -> dict[str, float]:
+        """What a rollout's metrics say of its assembly, so that a template that rewrites history
+        (and with it, training data) shows in every step's figures: calls off the main line, and
+        the sampled tokens left untrained (none where the other lines are trained too)."""
+        return {"rollwire.branched_calls": float(self.branched_calls),
+                "rollwire.untrained_tokens": 0.0 if branches_trained else float(self.branch_tokens)}
+
 
 def assemble(calls: list[InferenceCall]) -> Assembly:
     """Builds the training record of `calls` (in the order they were made)."""
     out = Assembly()
-    branch = 0
     for call in calls:
-        if not out.prompt_token_ids:
-            out.prompt_token_ids = list(call.prompt_token_ids)
-        elif branch == 0 and call.prompt_token_ids[: len(out.sequence)] == out.sequence:
-            extra = call.prompt_token_ids[len(out.sequence):]
-            out.completion_token_ids += extra
-            out.completion_logprobs += [0.0] * len(extra)
-            out.loss_mask += [0] * len(extra)
-        else:
-            branch += 1
-            out.branches.append(branch)
-            out.untrained_tokens += len(call.completion_token_ids)
+        if not out.prompt_token_ids or out.extended_by(call):
+            out.add(call)
+            out.branches.append(0)
             continue
-        start = len(out.completion_token_ids)
-        out.completion_token_ids += call.completion_token_ids
-        out.completion_logprobs += call.completion_logprobs
-        out.loss_mask += [1] * len(call.completion_token_ids)
-        out.weight_versions += [WeightVersionSpan(version=s.version, start=start + s.start, end=start + s.end)
-                                for s in call.weight_versions]
-        out.branches.append(0)
+        joined = next((i for i in range(len(out.others) - 1, -1, -1) if out.others[i].extended_by(call)), None)
+        if joined is None:
+            out.others.append(Line())
+            joined = len(out.others) - 1
+        out.others[joined].add(call)
+        out.branches.append(joined + 1)
     return out
-

@@ -384,6 +384,7 @@ class EnvWorker:
             return self._errored(task, index, "too_long", interceptor.too_long)
         ran = time.perf_counter() - started
         record = assemble(interceptor.calls)
+        all_lines = self.setups.get(task.environment, EnvironmentSetup()).trains_branches
         judged_at = time.perf_counter()
         judgement = taskset.judge(RolloutView(task=task.task, completion=answer, messages=interceptor.conversation,
                                               sandbox=interceptor.grading,
@@ -396,8 +397,9 @@ class EnvWorker:
             group_size=task.group_size, sample_index=index, prompt_token_ids=record.prompt_token_ids,
             completion_token_ids=record.completion_token_ids, completion_logprobs=record.completion_logprobs,
             loss_mask=record.loss_mask, weight_versions=record.weight_versions, rewards=judgement.rewards,
-            reward=judgement.reward, metrics={**judgement.metrics, **record.metrics()}, error=judgement.error,
-            question=task_text(taskset, task.task), answer=answer,
+            reward=judgement.reward, metrics={**judgement.metrics, **record.metrics(branches_trained=all_lines)},
+            error=judgement.error, question=task_text(taskset, task.task), answer=answer,
+            branches=record.branch_sequences() if all_lines else [],
             timings=RolloutTimings(queued_s=max(0.0, (now_ms() - task.issued_at_ms) / 1000 - ran),
                                    inference_s=inference, environment_s=max(0.0, ran - inference),
                                    scoring_s=time.perf_counter() - judged_at))

@@ -54,9 +54,18 @@ class EnvironmentSetup(BaseModel):
     OpenAI base URL (and ROLLWIRE_TASK); the last line it prints is its answer."""
     container: ContainerSettings | None = None
     """With `runtime = "container"`: its image, mounts and limits; default: `[env_workers.container]`."""
+    branches: Literal["main", "all"] = "main"
+    """Which of a rollout's token sequences are trained when its calls do not all extend one sequence
+    (a chat template that rewrites history: Qwen3 drops earlier reasoning): `main`, the first call's
+    line only; `all`, every line, each with the rollout's advantage (`producers/assembly.py`). Either
+    way the rollout's metrics count the calls off the main line and the tokens left untrained."""
 
     def is_default(self) -> bool:
         return self == EnvironmentSetup()
+
+    @property
+    def trains_branches(self) -> bool:
+        return self.branches == "all"
 
     def options_for(self, taskset: type[Taskset]) -> dict[str, Any]:
         """The harness's options: the taskset's own (when its harness runs) under this entry's."""

@@ -23,6 +23,7 @@ from rollwire.schemas.rollout import (
     SamplingParams,
     ScoredRollout,
     TaskAssigned,
+    TokenSequence,
     TraceNode,
     TraceRecorded,
     WeightVersionSpan,
@@ -40,6 +41,6 @@ __all__ = [
     "ResponseServed", "RolloutCompleted", "RolloutError", "RolloutTimings", "RolloutsDropped",
     "ProductionOrigin", "SamplingParams", "SchemaError", "SchemaVersionTooNewError", "ScoredRollout",
     "ScorerGroupRollout", "ScorerGroupState", "ScorerTick", "ServingDecision", "SourceBaseline", "Staleness",
-    "TaskAssigned", "TopicSpec", "Topics", "TraceNode", "TraceRecorded", "TrainStepCompleted",
+    "TaskAssigned", "TokenSequence", "TopicSpec", "Topics", "TraceNode", "TraceRecorded", "TrainStepCompleted",
     "UnknownEventTypeError", "WeightVersionSpan", "WeightsPublished", "new_id", "now_ms",
 ]

@@ -70,6 +70,26 @@ class WeightVersionSpan(Part):
     """One past the last completion-token index of the span."""
 
 
+class TokenSequence(Part):
+    """One more token sequence of a rollout, trained with its advantage: calls that could not extend
+    the rollout's main sequence (a chat template rewrote what was sampled before) and extend each
+    other. Shapes as `RolloutCompleted`'s."""
+
+    prompt_token_ids: list[int]
+    completion_token_ids: list[int]
+    completion_logprobs: list[float]
+    loss_mask: list[int]
+    weight_versions: list[WeightVersionSpan] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _aligned(self) -> TokenSequence:
+        n = len(self.completion_token_ids)
+        if len(self.completion_logprobs) != n or len(self.loss_mask) != n:
+            raise ValueError(f"a branch's completion_logprobs ({len(self.completion_logprobs)}) and loss_mask "
+                             f"({len(self.loss_mask)}) must have one entry per completion token ({n})")
+        return self
+
+
 class RolloutTimings(Part):
     """Wall-clock durations of one rollout, in seconds."""
 
@@ -152,16 +172,23 @@ class RolloutCompleted(Event):
     answer: str | None = None
     """The harness's final answer text (what the rewards judged), for group rewards that compare
     answers; None when errored, or from env workers before it."""
+    branches: list[TokenSequence] = Field(default_factory=list)
+    """The rollout's other token sequences, trained with its advantage like the main one: calls that
+    branched off it (a template that rewrote history), kept where the environment says `branches =
+    "all"`; empty otherwise (they are in the trace, and counted in `metrics`)."""
+
+    def _spans(self) -> list[WeightVersionSpan]:
+        return [*self.weight_versions, *(span for branch in self.branches for span in branch.weight_versions)]
 
     @property
     def min_version(self) -> int | None:
-        """Oldest weight version that sampled any token; None when nothing was sampled."""
-        return min((s.version for s in self.weight_versions), default=None)
+        """Oldest weight version that sampled any trained token (branches too); None when nothing was sampled."""
+        return min((s.version for s in self._spans()), default=None)
 
     @property
     def max_version(self) -> int | None:
-        """Newest weight version that sampled any token; None when nothing was sampled."""
-        return max((s.version for s in self.weight_versions), default=None)
+        """Newest weight version that sampled any trained token (branches too); None when nothing was sampled."""
+        return max((s.version for s in self._spans()), default=None)
 
     @model_validator(mode="after")
     def _aligned(self) -> RolloutCompleted:

@@ -29,6 +29,7 @@ from rollwire.schemas import (
     SourceBaseline,
     Staleness,
     TaskAssigned,
+    TokenSequence,
     Topics,
     TraceNode,
     TraceRecorded,
@@ -164,7 +165,9 @@ def preference_pair(**kw) -> ScoredRollout:
                             "production": origin, "algorithm": "feedback", "reward": 0.0, **kw})
 
 
-ALL: dict[str, Event] = {e.type: e for e in (task(), rollout(), trace(), preference_pair(), weights(), replica(),
+ALL: dict[str, Event] = {e.type: e for e in (task(), rollout(branches=[TokenSequence(
+    prompt_token_ids=[1, 2, 9], completion_token_ids=[5, 6], completion_logprobs=[-0.3, 0.0], loss_mask=[1, 0],
+    weight_versions=[WeightVersionSpan(version=3, start=0, end=1)])]), trace(), preference_pair(), weights(), replica(),
                                             train_step(), dropped(), feedback(), served(), dead_letter(),
                                             group_state(), group_rollout(), tick(), join_state(), source_baseline(),
                                             partner_record(), serving_decision())}

@@ -27,7 +27,7 @@ from typing import cast
 
 from rollwire.core.bus import AtOffsets, DeadLetters, Delivery, EventConsumer, EventLog, EventProducer
 from rollwire.schemas.base import now_ms
-from rollwire.schemas.rollout import ScoredRollout
+from rollwire.schemas.rollout import RolloutCompleted, ScoredRollout, TokenSequence
 from rollwire.schemas.topics import Topics
 from rollwire.schemas.training import DropReason, RolloutsDropped, Staleness
 from rollwire.trainer.settings import BatchSettings, ProductionMix
@@ -58,8 +58,11 @@ class Batch:
 
 
 def _tokens(scored: ScoredRollout) -> int:
-    """Prompt and completion tokens of a sample (both responses of a preference)."""
-    return sum(len(r.prompt_token_ids) + len(r.completion_token_ids) for r in (scored.rollout, scored.rejected) if r)
+    """Prompt and completion tokens of a sample (both responses of a preference; a rollout's other lines)."""
+    rows: list[RolloutCompleted | TokenSequence] = [scored.rollout, *scored.rollout.branches]
+    if scored.rejected is not None:
+        rows.append(scored.rejected)
+    return sum(len(r.prompt_token_ids) + len(r.completion_token_ids) for r in rows)
 
 
 class BatchConsumer:
@@ -209,11 +212,14 @@ class BatchConsumer:
         for rollout, where in ((scored.rollout, ""), (scored.rejected, "the rejected response: ")):
             if rollout is None:
                 continue
-            bad = [t for t in (*rollout.prompt_token_ids, *rollout.completion_token_ids) if not 0 <= t < self.vocab_size]
-            if bad:
-                return f"{where}token ids {bad[:5]} lie outside the model's vocabulary of {self.vocab_size}"
-            if not all(math.isfinite(x) for x in rollout.completion_logprobs):
-                return f"{where}the sampler logprobs contain NaN or infinity"
+            lines: list[tuple[RolloutCompleted | TokenSequence, str]] = [
+                (rollout, ""), *((b, f"branch {i + 1}: ") for i, b in enumerate(rollout.branches))]
+            for line, which in lines:
+                bad = [t for t in (*line.prompt_token_ids, *line.completion_token_ids) if not 0 <= t < self.vocab_size]
+                if bad:
+                    return f"{where}{which}token ids {bad[:5]} lie outside the model's vocabulary of {self.vocab_size}"
+                if not all(math.isfinite(x) for x in line.completion_logprobs):
+                    return f"{where}{which}the sampler logprobs contain NaN or infinity"
             if not any(rollout.loss_mask):
                 return f"{where}the rollout has no trainable token (loss_mask is all 0)"
             if rollout.error is not None:

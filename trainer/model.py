@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from rollwire.core.errors import ConfigError
-from rollwire.schemas.rollout import RolloutCompleted
+from rollwire.schemas.rollout import RolloutCompleted, TokenSequence
 from rollwire.trainer.settings import ModelSettings
 
 
@@ -79,8 +79,8 @@ class TokenBatch:
     mask: torch.Tensor             # [B, C]  loss mask (0 on padding)
 
 
-def layout(rollouts: Sequence[RolloutCompleted], device: torch.device, pad_id: int = 0) -> TokenBatch:
-    """Packs rollouts into padded tensors without re-tokenizing anything."""
+def layout(rollouts: Sequence[RolloutCompleted | TokenSequence], device: torch.device, pad_id: int = 0) -> TokenBatch:
+    """Packs rollouts (or a rollout's other lines) into padded tensors without re-tokenizing anything."""
     lengths = [len(r.prompt_token_ids) + len(r.completion_token_ids) for r in rollouts]
     width, completion = max(lengths), max(len(r.completion_token_ids) for r in rollouts)
     input_ids = torch.full((len(rollouts), width), pad_id, dtype=torch.long)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rollwire.schemas.rollout import RolloutCompleted, ScoredRollout
+from rollwire.schemas.rollout import RolloutCompleted, ScoredRollout, TokenSequence
 from rollwire.trainer import losses
 from rollwire.trainer.distributed import Shard
 from rollwire.trainer.losses import Loss, LossInputs
@@ -82,9 +82,23 @@ METRIC_PREFIX = {"policy_gradient": "", "sft": "sft_", "preference": ""}
 """Before each objective's loss metrics in the step's metrics (dpo's already say `dpo_`)."""
 
 
-def _rows(scored: ScoredRollout) -> list[RolloutCompleted]:
-    """The sequences a sample trains: a preference's chosen then rejected response, else its rollout."""
-    return [scored.rollout, scored.rejected] if scored.rejected is not None else [scored.rollout]
+def _rows(scored: ScoredRollout) -> list[RolloutCompleted | TokenSequence]:
+    """The sequences a sample trains: a preference's chosen then rejected response, else its rollout
+    and the rollout's other lines (`RolloutCompleted.branches`)."""
+    if scored.rejected is not None:
+        return [scored.rollout, scored.rejected]
+    return [scored.rollout, *scored.rollout.branches]
+
+
+def _row_advantages(scored: ScoredRollout) -> list[list[float]]:
+    """Per-token advantages of each of a policy-gradient sample's rows: the rollout's own, and for
+    each other line the rollout's advantage on every token (token advantages' mean, where only
+    those were given: a teacher's are for the main line's tokens)."""
+    main = advantages_of(scored)
+    if not scored.rollout.branches:
+        return [main]
+    whole = scored.advantage if scored.advantage is not None else (sum(main) / len(main) if main else 0.0)
+    return [main, *([whole] * len(b.completion_token_ids) for b in scored.rollout.branches)]
 
 
 def _padded(rows: Sequence[Sequence[float]], width: int, device: torch.device) -> torch.Tensor:
@@ -118,8 +132,9 @@ def train_step(model, optimizer, objectives: Loss | Objectives, batch: Sequence[
             tokens = layout(rows, device)
             width = tokens.targets.size(1)
             sampler = _padded([r.completion_logprobs for r in rows], width, device)
-            advantages = _padded([advantages_of(s) if objective == "policy_gradient" else [0.0] * width
-                                  for s in chunk for _ in _rows(s)], width, device)
+            advantages = _padded([a for s in chunk for a in (
+                _row_advantages(s) if objective == "policy_gradient" else [[0.0] * width for _ in _rows(s)])],
+                width, device)
             logprobs = token_logprobs(model, tokens)
             loss, chunk_metrics = loss_fn(LossInputs(logprobs=logprobs, sampler_logprobs=sampler, advantages=advantages,
                                                      mask=tokens.mask, num_tokens=trained[objective],

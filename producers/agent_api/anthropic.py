@@ -110,6 +110,7 @@ def events(response: dict, request: ChatRequest) -> Iterator[tuple[str | None, d
              "usage": {"input_tokens": response["usage"]["input_tokens"], "output_tokens": 0}}
     yield "message_start", {"type": "message_start", "message": start}
     for index, block in enumerate(response["content"]):
+        opened: dict[str, Any]
         if block["type"] == "text":
             opened, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": block["text"]}
         else:

@@ -127,6 +127,7 @@ def _messages(items: list, issued: Issued) -> list[dict]:
 
 def respond(reply: Reply, request: ChatRequest, issued: Issued) -> dict:
     output: list[dict[str, Any]] = []
+    response_id = f"resp_{secrets.token_hex(12)}"
     if reply.content or not reply.calls:
         output.append({"type": "message", "id": f"msg_{secrets.token_hex(12)}", "status": "completed",
                        "role": "assistant",
@@ -135,7 +136,7 @@ def respond(reply: Reply, request: ChatRequest, issued: Issued) -> dict:
                 "arguments": json.dumps(c.arguments), "status": "completed"} for c in reply.calls]
     incomplete = reply.finish_reason == "length"
     response = {
-        "id": f"resp_{secrets.token_hex(12)}", "object": "response", "created_at": time.time(),
+        "id": response_id, "object": "response", "created_at": time.time(),
         "status": "incomplete" if incomplete else "completed",
         "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None, "error": None,
         "model": request.model, "output": output, "parallel_tool_calls": True, "tool_choice": "auto",
@@ -145,7 +146,7 @@ def respond(reply: Reply, request: ChatRequest, issued: Issued) -> dict:
                   "total_tokens": reply.prompt_tokens + reply.completion_tokens,
                   "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}}
     with issued.lock:  # what a later request's previous_response_id continues
-        issued.responses[response["id"]] = [*request.messages[request.not_carried:],
+        issued.responses[response_id] = [*request.messages[request.not_carried:],
                                             {"role": "assistant", "content": reply.text}]
     return response
 

@@ -64,6 +64,27 @@ def test_a_few_steps_on_a_fixed_batch_reduce_the_loss(tiny_policy):
     assert values[-1] < values[0] - 0.1, values
 
 
+def test_a_rollouts_other_lines_train_as_their_own_sequences_with_its_advantage(tiny_policy):
+    """A rollout whose template rewrote history carries its other lines (`branches = "all"`): one
+    step on it moves the weights exactly as one step on its lines given as separate rollouts."""
+    from rollwire.schemas import TokenSequence
+    main, other = scored(0, advantage=0.7).rollout, scored(1).rollout
+    line = TokenSequence(**other.model_dump(include={"prompt_token_ids", "completion_token_ids", "completion_logprobs",
+                                                     "loss_mask", "weight_versions"}))
+    with_branch = [scored(0, advantage=0.7).model_copy(update={"rollout": main.model_copy(update={"branches": [line]})})]
+    separate = [scored(0, advantage=0.7), scored(1, advantage=0.7)]
+    weights = []
+    for batch in (with_branch, separate):
+        torch.manual_seed(0)
+        model = load_policy(ModelSettings(path=str(tiny_policy)))
+        result = train_step(model, torch.optim.SGD(model.parameters(), lr=0.1), losses.build("ppo_clip"), batch,
+                            micro_batch=4, max_grad_norm=100.0, device=torch.device("cpu"))
+        weights.append((result.num_tokens, [p.detach().clone() for p in model.parameters()]))
+    (tokens_a, a), (tokens_b, b) = weights
+    assert tokens_a == tokens_b == len(main.completion_token_ids) + len(other.completion_token_ids)
+    assert all(torch.allclose(x, y, atol=1e-6) for x, y in zip(a, b))
+
+
 def test_corrections_and_preferences_train_beside_rollouts_each_by_its_own_loss(tiny_policy):
     model = load_policy(ModelSettings(path=str(tiny_policy)))
     cpu = torch.device("cpu")

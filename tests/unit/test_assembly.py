@@ -33,3 +33,21 @@ def test_a_call_that_does_not_extend_the_history_opens_a_branch_and_stays_out_of
     record = assemble(calls)
     assert record.completion_token_ids == [5, 6, 40, 9] and record.loss_mask == [1, 1, 0, 1]
     assert record.branches == [0, 0, 1]
+
+
+def test_calls_that_cannot_extend_the_main_line_form_lines_of_their_own_and_are_counted():
+    # a template that drops earlier reasoning: the second call's history lost token 6, the third extends the second
+    calls = [call([1, 2], [5, 6, 7]), call([1, 2, 5, 7, 40], [9]), call([1, 2, 5, 7, 40, 9, 41], [11, 12])]
+    record = assemble(calls)
+    assert record.branches == [0, 1, 1]
+    assert record.completion_token_ids == [5, 6, 7]  # the main line: the first call
+    [line] = record.branch_sequences()
+    assert line.prompt_token_ids == [1, 2, 5, 7, 40] and line.completion_token_ids == [9, 41, 11, 12]
+    assert line.loss_mask == [1, 0, 1, 1] and [(s.start, s.end) for s in line.weight_versions] == [(0, 1), (2, 4)]
+    assert record.metrics() == {"rollwire.branched_calls": 2.0, "rollwire.untrained_tokens": 3.0}
+    assert record.metrics(branches_trained=True) == {"rollwire.branched_calls": 2.0, "rollwire.untrained_tokens": 0.0}
+
+
+def test_a_call_that_extends_the_main_line_again_joins_it():
+    calls = [call([1], [5]), call([9, 9], [6]), call([1, 5, 40], [7])]
+    assert assemble(calls).branches == [0, 1, 0] and assemble(calls).completion_token_ids == [5, 40, 7]

@@ -118,3 +118,38 @@ def test_a_rollout_past_its_token_limit_is_errored_even_when_the_harness_swallow
         rollouts = [Codec().decode(r.value).event for r in reader.poll_batch(100, 0.5)]
     assert [r.error.kind for r in rollouts] == ["too_long", "too_long"]
     assert "limit of 10 tokens (env_workers.max_rollout_tokens)" in rollouts[0].error.message
+
+
+def test_a_rollout_keeps_its_other_lines_where_its_environment_says_branches_all(tmp_path):
+    """A harness whose second call does not extend the first (as a template that rewrites history):
+    with `branches = "all"` the rollout carries that call as a line of its own; by default it is
+    left out, and the rollout's metrics say how many tokens were."""
+    from rollwire.producers.environment import EnvironmentSetup
+
+    def rewriting(row, interceptor):
+        first = interceptor.complete(row["prompt"])
+        return interceptor.complete("rewritten " + first)
+
+    found = {}
+    for keep in ("main", "all"):
+        topics = Topics(f"branches-{keep}")
+        log = open_log(EmbeddedBusSettings(path=tmp_path / keep))
+        log.create_topics(catalog_topics(topics))
+        producer = EventProducer(log.producer(), topics, name="dispatcher")
+        producer.send(topics.tasks, TaskAssigned(task_id="t0", environment="reverse-digits", algorithm="grpo",
+                                                 group_size=1, task={"prompt": "abcd", "answer": "dcba"},
+                                                 policy_version=0), key="g0")
+        producer.close()
+        worker = EnvWorker(log, topics, _Fleet(), {"reverse-digits": load_taskset("reverse-digits", count=1)},
+                           harness=rewriting, setups={"reverse-digits": EnvironmentSetup(branches=keep)})
+        assert sum(worker.step(timeout_s=0.5) for _ in range(4)) == 1
+        worker.close()
+        with log.reader([topics.rollouts]) as reader:
+            [found[keep]] = [Codec().decode(r.value).event for r in reader.poll_batch(100, 0.5)]
+    main, every = found["main"], found["all"]
+    n = len(main.completion_token_ids)  # the stand-in samples as many tokens as allowed, each call alike
+    assert main.branches == [] and main.metrics["rollwire.untrained_tokens"] == float(n)  # the second call's
+    [line] = every.branches
+    assert len(line.completion_token_ids) == n and line.prompt_token_ids == [7] * (len("rewritten ") + n)
+    assert every.metrics["rollwire.branched_calls"] == 1.0 and every.metrics["rollwire.untrained_tokens"] == 0.0
+    assert every.completion_token_ids == main.completion_token_ids  # the main line either way
