@@ -98,6 +98,12 @@ def build_tiny_model(path: str | Path, tokenizer, *, seed: int = 0, hidden: int 
         config.norm_topk_prob = True
     torch.manual_seed(seed)
     model = getattr(transformers, model_class)(config)
+    # generation ends at the end of sequence or of a chat turn, as real ChatML models' configs say
+    # (Qwen2.5's: <|endoftext|> and <|im_end|>), so a server's chat API stops where a turn ends
+    turn_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    model.generation_config = transformers.GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id, pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=[tokenizer.eos_token_id, turn_end] if isinstance(turn_end, int) else tokenizer.eos_token_id)
     path = Path(path)
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
