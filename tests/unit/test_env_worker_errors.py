@@ -57,6 +57,19 @@ def test_a_hanging_agent_is_killed_and_reported_as_a_timeout(tmp_path):
     assert all("killed" in r.error.message for r in rollouts)
 
 
+def _one_task(path, prefix: str, *, group_size: int):
+    """A log holding one reverse-digits task (`abcd`), and its topics."""
+    topics = Topics(prefix)
+    log = open_log(EmbeddedBusSettings(path=path))
+    log.create_topics(catalog_topics(topics))
+    producer = EventProducer(log.producer(), topics, name="dispatcher")
+    producer.send(topics.tasks, TaskAssigned(task_id="t0", environment="reverse-digits", algorithm="grpo",
+                                             group_size=group_size, task={"prompt": "abcd", "answer": "dcba"},
+                                             policy_version=0), key="g0")
+    producer.close()
+    return log, topics
+
+
 class _Fleet:
     """Answers like vLLM's /inference/v1/generate, sampling exactly the `max_tokens` it is allowed;
     text is one token per character."""
@@ -102,14 +115,7 @@ def test_a_rollout_past_its_token_limit_is_errored_even_when_the_harness_swallow
             pass  # and the agent carries on as if nothing happened
         return answer
 
-    topics = Topics("long")
-    log = open_log(EmbeddedBusSettings(path=tmp_path / "log"))
-    log.create_topics(catalog_topics(topics))
-    producer = EventProducer(log.producer(), topics, name="dispatcher")
-    producer.send(topics.tasks, TaskAssigned(task_id="t0", environment="reverse-digits", algorithm="grpo",
-                                             group_size=2, task={"prompt": "abcd", "answer": "dcba"},
-                                             policy_version=0), key="g0")
-    producer.close()
+    log, topics = _one_task(tmp_path / "log", "long", group_size=2)
     worker = EnvWorker(log, topics, _Fleet(), {"reverse-digits": load_taskset("reverse-digits", count=1)},
                        EnvWorkerSettings(max_rollout_tokens=10), harness=stubborn)
     assert sum(worker.step(timeout_s=0.5) for _ in range(4)) == 2
@@ -132,14 +138,7 @@ def test_a_rollout_keeps_its_other_lines_where_its_environment_says_branches_all
 
     found = {}
     for keep in ("main", "all"):
-        topics = Topics(f"branches-{keep}")
-        log = open_log(EmbeddedBusSettings(path=tmp_path / keep))
-        log.create_topics(catalog_topics(topics))
-        producer = EventProducer(log.producer(), topics, name="dispatcher")
-        producer.send(topics.tasks, TaskAssigned(task_id="t0", environment="reverse-digits", algorithm="grpo",
-                                                 group_size=1, task={"prompt": "abcd", "answer": "dcba"},
-                                                 policy_version=0), key="g0")
-        producer.close()
+        log, topics = _one_task(tmp_path / keep, f"branches-{keep}", group_size=1)
         worker = EnvWorker(log, topics, _Fleet(), {"reverse-digits": load_taskset("reverse-digits", count=1)},
                            harness=rewriting, setups={"reverse-digits": EnvironmentSetup(branches=keep)})
         assert sum(worker.step(timeout_s=0.5) for _ in range(4)) == 1
