@@ -65,3 +65,15 @@ def test_image_requirements_expand_rollwires_own_extras():
     assert "confluent-kafka>=2.6" in found and "minio>=7.2" in found  # from rollwire[kafka,objectstore]
     assert not any(r.startswith("rollwire") for r in found)
     assert found[: len(pyproject["project"]["dependencies"])] == pyproject["project"]["dependencies"]
+
+
+def test_every_python_package_folder_is_listed_for_the_wheel():
+    """`pyproject.toml` lists the packages (the design's folders are mapped under `rollwire`): a new
+    subpackage left out installs in editable mode and is missing from every image and wheel."""
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    found = set()
+    for package, folder in setuptools["package-dir"].items():
+        for init in (REPO / folder).rglob("__init__.py"):
+            parts = init.parent.relative_to(REPO / folder).parts
+            found.add(".".join((package, *parts)))
+    assert found - set(setuptools["packages"]) == set(), "add these to [tool.setuptools] packages"
