@@ -27,6 +27,7 @@ from typing import Any
 from rollwire.consumers.vllm_worker import EXTENSION
 from rollwire.core.errors import RollwireError
 from rollwire.core.http import HttpError, JsonClient
+from rollwire.producers.tool_calls import ToolCallFormat, format_written
 
 
 class VllmError(RollwireError):
@@ -48,6 +49,7 @@ class VllmControl:
         self._http = JsonClient(self.base_url, timeout_s=timeout_s, max_connections=max_connections)
         self._tokenized = functools.lru_cache(maxsize=4096)(self._tokenize)
         self._end_of_turn: list[int] | None = None
+        self._tool_call_format: tuple[ToolCallFormat | None] | None = None
 
     def _request(self, method: str, path: str, body: Any = None, timeout_s: float | None = None) -> Any:
         try:
@@ -173,6 +175,35 @@ class VllmControl:
                                                           model=model, add_generation_prompt=False),
                                          self.tokenize(TURN_PROBE))
         return list(self._end_of_turn)
+
+    def tool_call_format(self, model: str = "policy") -> ToolCallFormat | None:
+        """The format the served chat template writes tool calls in (`rollwire.producers.tool_calls`),
+        read from the turn it renders for one call (`PROBE_CALL`, past what it renders before that
+        turn: the tools' own description may look like a call); None when it writes none or refuses
+        tools. Remembered: a server's template does not change."""
+        if self._tool_call_format is None:
+            try:
+                before = self.render_chat(PROBE_CALL[:1], model=model, tools=[PROBE_TOOL])
+                rendered = self.render_chat(PROBE_CALL, model=model, tools=[PROBE_TOOL], add_generation_prompt=False)
+            except VllmError as exc:
+                if exc.unreachable:
+                    raise
+                before = rendered = []  # a template that cannot render tools
+            shared = next((i for i, (a, b) in enumerate(zip(before, rendered)) if a != b), min(len(before), len(rendered)))
+            turn = rendered[shared:]
+            self._tool_call_format = (format_written(self.detokenize(turn), PROBE_TOOL["function"]["name"])
+                                      if turn else None,)
+        return self._tool_call_format[0]
+
+
+PROBE_TOOL: dict[str, Any] = {"type": "function", "function": {
+    "name": "probe_tool", "description": "A tool.",
+    "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}}
+PROBE_CALL: list[dict[str, Any]] = [{"role": "user", "content": "hi"},
+              {"role": "assistant", "content": None, "tool_calls": [
+                  {"id": "probe0001", "type": "function",  # nine letters and digits, as Mistral's templates insist
+                   "function": {"name": "probe_tool", "arguments": '{"x": 1}'}}]}]
+"""A conversation with one tool call, to read the format a template writes calls in."""
 
 
 TURN_PROBE = "Sure."

@@ -130,6 +130,10 @@ class EnvWorkerSettings(BaseModel):
     (one per rollout, no network but its model URL: `rollwire.producers.sandbox`)."""
     container: ContainerSettings = Field(default_factory=ContainerSettings)
     """The image, agent program and limits of the `container` runtime."""
+    tool_call_format: Literal["auto", "hermes", "llama3_json", "mistral"] = "auto"
+    """The format the policy writes tool calls in (`rollwire.producers.tool_calls`), which harnesses
+    and the rollout's URL read them in: `auto` reads it from the served chat template (the format it
+    writes a call in), Hermes's where the template writes none."""
     simulated_latency: SimulatedLatency | None = None
     """Add a random delay to every rollout (benchmarks); None in real runs."""
     drain_s: float = Field(default=5.0, ge=0)
@@ -367,7 +371,9 @@ class EnvWorker:
 
     def _rollout(self, task: TaskAssigned, taskset: Taskset, index: int) -> tuple[RolloutCompleted, TraceRecorded]:
         interceptor = Interceptor(self.router.route(), task.sampling, model=self.model, gate=self.inference_gate,
-                                  max_sequence_tokens=self.settings.max_rollout_tokens)
+                                  max_sequence_tokens=self.settings.max_rollout_tokens,
+                                  tool_call_format=None if self.settings.tool_call_format == "auto"
+                                  else self.settings.tool_call_format)
         started = time.perf_counter()
         if self._delay is not None:
             with self._lock:

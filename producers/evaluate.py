@@ -34,6 +34,7 @@ from rollwire.core.objectstore import ObjectStore
 from rollwire.core.weight_versions import fetch
 from rollwire.producers.environment import EnvironmentSetup, Runners
 from rollwire.producers.tasksets import RolloutView, Taskset
+from rollwire.producers.tool_calls import ToolCallFormat
 from rollwire.schemas.topics import Topics
 from rollwire.schemas.weights import WeightsPublished
 
@@ -57,8 +58,10 @@ class EvalClient:
     reports usage) and keeps the last call's finish reason, as the Interceptor does."""
 
     def __init__(self, endpoint: OpenAIEndpoint, *, temperature: float, max_tokens: int,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, tool_call_format: ToolCallFormat = "hermes") -> None:
         self.endpoint, self.params = endpoint, {"temperature": temperature, "max_tokens": max_tokens}
+        self.tool_call_format = tool_call_format
+        """The format the model writes tool calls in, which the harness reads them in."""
         self.seed = seed
         """The first call's seed; each later call of the rollout asks for the next one."""
         self.finish_reason: str | None = None
@@ -95,12 +98,14 @@ class EvalClient:
 
 def evaluate(taskset: Taskset, endpoint: OpenAIEndpoint, *, limit: int, samples: int = 1, temperature: float = 0.0,
              max_tokens: int = 256, concurrency: int = 4, on_result=None, setup: EnvironmentSetup | None = None,
-             seed: int | None = None, timeout_s: float = 600.0) -> list[EvalResult]:
+             seed: int | None = None, timeout_s: float = 600.0,
+             tool_call_format: ToolCallFormat = "hermes") -> list[EvalResult]:
     """Scores `samples` answers for each of the first `limit` rows, each one a rollout as training
     runs it (`Runners`): the environment's harness or agent program as `setup` says (else the
     taskset's harness, in this process), every call to `endpoint`, then the taskset's judge (which
     sees what a grading command in the rollout's container found). An endpoint error, or a harness
-    or agent that fails, is recorded on its result. `seed` makes sampled answers repeat."""
+    or agent that fails, is recorded on its result. `seed` makes sampled answers repeat; the harness
+    reads the model's tool calls in `tool_call_format` (`rollwire.producers.tool_calls`)."""
     runners = Runners(timeout_s=timeout_s)
     try:
         runner, _ = runners.runner(taskset, setup)
@@ -108,7 +113,8 @@ def evaluate(taskset: Taskset, endpoint: OpenAIEndpoint, *, limit: int, samples:
 
         def one(row: dict, sample: int) -> EvalResult:
             client = EvalClient(endpoint, temperature=temperature, max_tokens=max_tokens,
-                                seed=None if seed is None else call_seed(seed, row["task_id"], sample))
+                                seed=None if seed is None else call_seed(seed, row["task_id"], sample),
+                                tool_call_format=tool_call_format)
             try:
                 text = runner(row, client, timeout_s)  # the client stands in for the rollout's Interceptor
             except Exception as exc:  # the endpoint refused, or the harness (user code) failed: this result's error

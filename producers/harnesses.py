@@ -97,7 +97,7 @@ def _answer(messages: list[dict], interceptor: Interceptor, tools: ToolSet, roun
     for _ in range(rounds):
         reply = interceptor.chat(messages, tools=schemas) if schemas else interceptor.chat(messages)
         messages.append({"role": "assistant", "content": reply})
-        calls = parse_tool_calls(reply)
+        calls = parse_tool_calls(reply, interceptor.tool_call_format)
         if not calls:
             break
         messages += [{"role": "tool", "content": call.error or tools.call(call.name, call.arguments)}

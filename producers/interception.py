@@ -22,6 +22,7 @@ from opentelemetry.trace import SpanKind
 
 from rollwire.consumers.vllm_control import VllmControl
 from rollwire.core import telemetry
+from rollwire.producers.tool_calls import ToolCallFormat
 from rollwire.schemas.rollout import InferenceCall, SamplingParams, WeightVersionSpan
 
 if TYPE_CHECKING:
@@ -89,8 +90,10 @@ class Interceptor:
     """Records one rollout's calls; give each rollout its own."""
 
     def __init__(self, control: VllmControl | RolloutRoute, sampling: SamplingParams, *, model: str | None = None,
-                 gate: InferenceGate | None = None, max_sequence_tokens: int | None = None) -> None:
+                 gate: InferenceGate | None = None, max_sequence_tokens: int | None = None,
+                 tool_call_format: ToolCallFormat | None = None) -> None:
         self.control, self.sampling, self.model = control, sampling, model
+        self._tool_call_format = tool_call_format
         self.gate = gate or contextlib.nullcontext()
         """Held around each generation request: the worker's limit on requests in flight to the fleet."""
         self.max_sequence_tokens = max_sequence_tokens
@@ -141,6 +144,14 @@ class Interceptor:
             self._shown = messages + [reply]
             self.conversation = given + [reply]
         return text
+
+    @property
+    def tool_call_format(self) -> ToolCallFormat:
+        """The format the policy writes tool calls in: as set, else as the served chat template writes
+        them (`VllmControl.tool_call_format`), else Hermes's."""
+        if self._tool_call_format is None:
+            self._tool_call_format = self.control.tool_call_format(self.model or "policy") or "hermes"
+        return self._tool_call_format
 
     def _end_of_turn(self) -> list[int]:
         """Where a chat reply ends: the served template's end-of-turn token (`VllmControl.end_of_turn_ids`)."""
@@ -199,10 +210,6 @@ def shown_ids(choice: dict, stop_token_ids: list[int] | None) -> list[int]:
                                                  or choice.get("stop_reason") in (stop_token_ids or [])):
         return completion[:-1]
     return completion
-
-
-"""ChatML's end-of-turn token: an assistant turn must stop on it, so that re-rendering the
-conversation for the next call reproduces the sampled ids and the turns join one sequence."""
 
 
 def version_number(label: str) -> int:

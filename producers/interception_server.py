@@ -138,7 +138,8 @@ class InterceptionServer:
                 except Exception as exc:  # the fleet failed: tell the agent, as an API would
                     return self._answer(502, api.error(f"inference failed: {exc}"))
                 reply = read_reply(text, interceptor.finish_reason, interceptor.usage, issued, api.call_prefix,
-                                   tools=request.read_tool_calls)
+                                   tools=request.read_tool_calls and request.raw_prompt is None,
+                                   tool_call_format=interceptor.tool_call_format if request.raw_prompt is None else "hermes")
                 response = api.respond(reply, request, issued)
                 if request.stream:
                     return self._stream(api.events(response, request))

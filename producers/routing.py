@@ -34,6 +34,7 @@ from rollwire.consumers.vllm_control import VllmControl, VllmError
 from rollwire.core import metrics
 from rollwire.core.bus import EventLog, Follower
 from rollwire.producers.interception import version_number
+from rollwire.producers.tool_calls import ToolCallFormat
 from rollwire.schemas.topics import Topics
 from rollwire.schemas.weights import ReplicaStatus
 
@@ -276,6 +277,9 @@ class RolloutRoute:
 
     def end_of_turn_ids(self, model: str = "policy") -> list[int]:
         return self._call(lambda c: c.end_of_turn_ids(model))
+
+    def tool_call_format(self, model: str = "policy") -> ToolCallFormat | None:
+        return self._call(lambda c: c.tool_call_format(model))
 
     def generate(self, token_ids: Sequence[int], **options: Any) -> dict:
         return self._call(lambda c: c.generate(token_ids, **options), sampled=_versions)

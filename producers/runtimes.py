@@ -32,6 +32,7 @@ from rollwire.core.registry import UnknownNameError
 from rollwire.producers.harnesses import HARNESSES, Harness, HarnessError, run_against_endpoint
 from rollwire.producers.interception import Interceptor
 from rollwire.producers.interception_server import InterceptionServer
+from rollwire.producers.tool_calls import ToolCallFormat
 
 
 def resolve_harness(reference: str) -> Harness:
@@ -88,7 +89,8 @@ class Subprocess(Runtime):
         done = run_against_endpoint([self.python, "-m", "rollwire.producers.runtimes"], self.server, interceptor,
                                     lambda url: {"ROLLWIRE_MODEL_URL": url, "ROLLWIRE_TASK": json.dumps(row),
                                                  "ROLLWIRE_HARNESS": harness,
-                                                 "ROLLWIRE_HARNESS_OPTIONS": json.dumps(options or {})},
+                                                 "ROLLWIRE_HARNESS_OPTIONS": json.dumps(options or {}),
+                                                 "ROLLWIRE_TOOL_CALL_FORMAT": interceptor.tool_call_format},
                                     timeout_s=timeout_s, what="the harness in its subprocess")
         lines = done.stdout.strip().splitlines()
         try:
@@ -112,8 +114,10 @@ class EndpointClient:
     """What a harness in a child process holds instead of the `Interceptor`: the same two calls,
     over the rollout's OpenAI-compatible interception URL."""
 
-    def __init__(self, base_url: str, timeout_s: float = 300.0) -> None:
+    def __init__(self, base_url: str, timeout_s: float = 300.0, *, tool_call_format: ToolCallFormat = "hermes") -> None:
         self._http = JsonClient(base_url, timeout_s=timeout_s, max_connections=4)
+        self.tool_call_format = tool_call_format
+        """The format the policy writes tool calls in: the worker's Interceptor's, passed down."""
 
     def complete(self, prompt: str) -> str:
         return self._post("/completions", {"model": "policy", "prompt": prompt})["choices"][0]["text"]
@@ -137,7 +141,8 @@ def _child() -> int:
     try:
         harness = resolve_harness(os.environ["ROLLWIRE_HARNESS"])
         options = json.loads(os.environ.get("ROLLWIRE_HARNESS_OPTIONS") or "{}")
-        client = EndpointClient(os.environ["ROLLWIRE_MODEL_URL"])  # the Interceptor's two calls, over HTTP
+        client = EndpointClient(os.environ["ROLLWIRE_MODEL_URL"],  # the Interceptor's two calls, over HTTP
+                                tool_call_format=os.environ.get("ROLLWIRE_TOOL_CALL_FORMAT", "hermes"))  # type: ignore[arg-type]
         answer = harness(json.loads(os.environ["ROLLWIRE_TASK"]), client, **options)  # type: ignore[arg-type]
     except Exception as exc:  # reported to the worker, which marks the rollout errored
         print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))

@@ -169,6 +169,7 @@ class Container(Runtime):
         if self.settings.command is None:
             job["ROLLWIRE_HARNESS"] = harness
             job["ROLLWIRE_HARNESS_OPTIONS"] = json.dumps(options or {})
+            job["ROLLWIRE_TOOL_CALL_FORMAT"] = interceptor.tool_call_format
         if self.settings.grade_command:
             job["ROLLWIRE_GRADE_COMMAND"] = json.dumps(self.settings.grade_command)
             job["ROLLWIRE_GRADE_TIMEOUT_S"] = f"{self.settings.grade_timeout_s:g}"

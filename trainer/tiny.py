@@ -22,10 +22,20 @@ CHAT_TEMPLATE = (
     "{% if tools %}<|im_start|>system\n# Tools\n\nYou may call functions. Their signatures are in "
     "<tools></tools>:\n<tools>\n{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}</tools>\n\nCall one as "
     "<tool_call>{\"name\": NAME, \"arguments\": {...}}</tool_call><|im_end|>\n{% endif %}"
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% set ns = namespace(last_query=-1) %}{% for message in messages %}"
+    "{% if message['role'] == 'user' %}{% set ns.last_query = loop.index0 %}{% endif %}{% endfor %}"
+    "{% for message in messages %}{% set content = message['content'] or '' %}"
+    "{% if message['role'] == 'assistant' and loop.index0 < ns.last_query and '</think>' in content %}"
+    "{% set content = content.split('</think>')[-1].lstrip('\n') %}{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n{{ content }}"
+    "{% for call in message['tool_calls'] or [] %}<tool_call>{\"name\": \"{{ call['function']['name'] }}\", "
+    "\"arguments\": {{ call['function']['arguments'] | tojson }}}</tool_call>{% endfor %}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-"""ChatML, with the tools block of Hermes/Qwen templates when a request has `tools`."""
+"""ChatML as Qwen3 writes it: the tools block of Hermes/Qwen templates when a request has `tools`,
+an assistant's `tool_calls` as `<tool_call>` blocks, and the reasoning (`<think>...</think>`) of
+assistant turns before the last user message dropped, as Qwen3's template drops it: a conversation
+that goes on after such a turn re-renders it shorter than it was sampled (`assemble` branches)."""
 
 
 def build_char_tokenizer(alphabet: str = ALPHABET):

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollwire.producers.tool_calls import parse_tool_calls, without_tool_calls
+from rollwire.producers.tool_calls import ToolCallFormat, read_tool_calls
 
 
 class ApiError(Exception):
@@ -81,16 +81,19 @@ class Issued:
 
 
 def read_reply(text: str, finish_reason: str | None, usage: dict, issued: Issued, prefix: str = "call_", *,
-               tools: bool = True) -> Reply:
-    """The sampled `text` with its well-formed tool calls read out (with `tools`), each given a new
-    id (`prefix`) that `issued` remembers with the text. A call that does not parse stays text."""
-    parsed = [c for c in parse_tool_calls(text) if c.error is None and c.name and isinstance(c.arguments, dict)] \
-        if tools and "<tool_call>" in text else []
-    calls = [Call(f"{prefix}{secrets.token_hex(12)}", c.name, dict(c.arguments)) for c in parsed]  # type: ignore[arg-type]
+               tools: bool = True, tool_call_format: ToolCallFormat = "hermes") -> Reply:
+    """The sampled `text` with its well-formed tool calls (written in `tool_call_format`) read out
+    (with `tools`), each given a new id (`prefix`) that `issued` remembers with the text. A reply
+    whose calls do not all parse stays text."""
+    read = read_tool_calls(text, tool_call_format) if tools else None
+    well_formed = read is not None and read.calls and all(
+        c.error is None and c.name and isinstance(c.arguments, dict) for c in read.calls)
+    calls = [Call(f"{prefix}{secrets.token_hex(12)}", c.name, dict(c.arguments))  # type: ignore[arg-type]
+             for c in read.calls] if read is not None and well_formed else []
     if calls:
         with issued.lock:
             issued.calls.update(dict.fromkeys((c.id for c in calls), text))
-    return Reply(text=text, content=without_tool_calls(text) if calls else text, calls=calls,
+    return Reply(text=text, content=read.content if read is not None and calls else text, calls=calls,
                  finish_reason="tool_calls" if calls else (finish_reason or "stop"),
                  prompt_tokens=int(usage.get("prompt_tokens", 0)), completion_tokens=int(usage.get("completion_tokens", 0)))
 

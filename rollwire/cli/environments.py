@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from rollwire.cli.evaluate import parse_options
+from rollwire.producers.tool_calls import TOOL_CALL_FORMATS
 
 EPILOG = """\
 A taskset is found by its name among those bundled with rollwire and those installed packages
@@ -56,6 +57,8 @@ def add_env(sub) -> None:
     check.add_argument("-n", "--limit", type=int, default=4, help="rollouts (default: %(default)s)")
     check.add_argument("--temperature", type=float, default=1.0, help="(default: %(default)s)")
     check.add_argument("--max-tokens", type=int, default=64, help="(default: %(default)s)")
+    check.add_argument("--tool-call-format", choices=TOOL_CALL_FORMATS, default="hermes",
+                       help="the format the model writes tool calls in (default: %(default)s)")
     check.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                        help="taskset option, e.g. seed=3 (repeatable)")
     check.set_defaults(run=cmd_check)
@@ -116,7 +119,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     with Progress(console=Console(stderr=True), transient=True) as progress:
         task = progress.add_task(f"{args.name} on {model}", total=args.limit)
         results = evaluate(taskset, endpoint, limit=args.limit, temperature=args.temperature,
-                           max_tokens=args.max_tokens, concurrency=4, on_result=lambda _: progress.advance(task))
+                           max_tokens=args.max_tokens, concurrency=4, on_result=lambda _: progress.advance(task),
+                           tool_call_format=args.tool_call_format)
     names = list(dict.fromkeys(n for r in results for n in [*r.rewards, *r.metrics]))
     table = Table(title=f"{args.name} ({type(taskset).__module__}:{type(taskset).__qualname__}) on {model}")
     for column in ("task", "completion", "reward", *names, "error"):

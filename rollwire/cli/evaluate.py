@@ -7,6 +7,8 @@ import json
 import os
 from pathlib import Path
 
+from rollwire.producers.tool_calls import TOOL_CALL_FORMATS
+
 
 def add_evaluate(sub) -> None:
     evaluate = sub.add_parser(
@@ -49,6 +51,9 @@ def add_evaluate(sub) -> None:
                           "chat, package.module:function); with --run-dir, the run's recipe entry's is the default")
     evaluate.add_argument("--harness-option", action="append", default=[], metavar="KEY=VALUE",
                           help="harness option, e.g. max_turns=8 for chat (repeatable)")
+    evaluate.add_argument("--tool-call-format", choices=TOOL_CALL_FORMATS,
+                          help="the format the model writes tool calls in, for a harness that answers them "
+                               "(default: hermes; with --run-dir, read from the served chat template)")
     evaluate.add_argument("--out", type=Path, help="write every scored answer as JSON lines")
     evaluate.set_defaults(run=cmd_eval)
 
@@ -79,6 +84,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     settings = {"limit": args.limit, "samples": args.samples, "temperature": args.temperature,
                 "max_tokens": args.max_tokens, "concurrency": args.concurrency, "setup": _setup(args, taskset),
                 "seed": args.seed}
+    if args.tool_call_format:
+        settings["tool_call_format"] = args.tool_call_format
     console = Console(stderr=True)
     with Progress(console=console, transient=True) as progress:
         def bar(label: str):
@@ -174,6 +181,8 @@ def _versions(args: argparse.Namespace, taskset, settings: dict, bar) -> list:
     server = VllmServer(server_settings)
     server.start()
     try:
+        if "tool_call_format" not in settings:  # as the run's env workers read it
+            settings["tool_call_format"] = server.control.tool_call_format(server_settings.served_model_name) or "hermes"
         with tempfile.TemporaryDirectory() as work:
             results: list = []
             for contender in contenders:  # a bar each, as each version's turn comes

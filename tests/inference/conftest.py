@@ -12,8 +12,9 @@ import pytest
 
 from rollwire.consumers.vllm_server import VllmServer, VllmServerSettings
 
-JSON_CHARACTERS = '{}[]"_<#'
-"""Characters the demo's alphabet lacks and tool schemas and calls need (`<tool_call>{"name": ...}`)."""
+JSON_CHARACTERS = '{}[]"_<#\\'
+"""Characters the demo's alphabet lacks and tool schemas and calls need (`<tool_call>{"name": ...}`,
+escapes such as a command's `\\n`)."""
 
 
 class TinyModels:

@@ -16,6 +16,7 @@ from docker_engine import engine_with_images
 
 from rollwire.consumers.vllm_control import VllmControl
 from rollwire.core.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
+from rollwire.producers.assembly import assemble
 from rollwire.producers.env_worker import EnvWorker, EnvWorkerSettings
 from rollwire.producers.interception import Interceptor
 from rollwire.producers.routing import Router
@@ -80,8 +81,9 @@ def test_an_agent_in_its_container_reaches_the_model_through_its_url_alone(agent
         interceptor = Interceptor(vllm_server.control, SamplingParams(temperature=1.0, max_tokens=6))
         answer = runtime.run("unused", {"prompt": "r:123>", "behave": "answer"}, interceptor, timeout_s=60)
         assert len(interceptor.calls) == 1, "the agent's one call was recorded by its rollout's interceptor"
-        recorded = vllm_server.control._request("POST", "/detokenize",
-                                                {"tokens": interceptor.calls[0].completion_token_ids})["prompt"]
+        call = interceptor.calls[0]
+        shown = call.completion_token_ids[:-1] if call.finish_reason == "stop" else call.completion_token_ids
+        recorded = vllm_server.control.detokenize(shown) if shown else ""  # less the end-of-text it stopped on
         assert answer.strip() == recorded.strip()
 
         interceptor = Interceptor(vllm_server.control, SamplingParams(temperature=1.0, max_tokens=6))
@@ -232,4 +234,69 @@ def test_eval_runs_a_container_environment_as_training_does_graded_inside(vllm_s
 
     knew = evaluate(taskset, Knowing(), limit=3, setup=setup, concurrency=1)  # type: ignore[arg-type]
     assert [(r.error, r.rewards["graded_correct"]) for r in knew] == [(None, 1.0)] * 3
+    assert not left_running()
+
+
+MINI_SWE_AGENT = Path(__file__).resolve().parents[2] / "examples" / "agents" / "mini_swe_agent"
+
+
+@pytest.mark.vllm
+def test_mini_swe_agent_solves_a_task_in_its_container_recorded_token_for_token(agents, vllm_server, tiny_models,
+                                                                                tmp_path, version_base):
+    """mini-swe-agent, unmodified (its agent loop, bash environment and litellm model, from
+    `examples/agents/mini_swe_agent/`), in a rollout's container with no network: it calls its bash
+    tool through the rollout's URL, writes a file, submits; a grading command in the same container
+    reads the file. The model is a tiny one trained here on that conversation as vLLM renders it.
+    Each call's completion is what a direct generate call gives at temperature 0; the calls form
+    one token sequence, the command outputs masked."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("mini_swe_install", MINI_SWE_AGENT / "install.py")
+    installer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(installer)
+    site = installer.install()  # `make test` installed it; here it is found
+    bash = {"type": "function", "function": {"name": "bash", "description": "Execute a bash command", "parameters": {
+        "type": "object", "properties": {"command": {"type": "string", "description": "The bash command to execute"}},
+        "required": ["command"]}}}
+    task = "Write 6*7 to answer.txt"
+    turns = ['<tool_call>{"name": "bash", "arguments": {"command": "echo 42 > answer.txt"}}</tool_call>',
+             "<returncode>0</returncode>\n<output>\n</output>",
+             '<tool_call>{"name": "bash", "arguments": {"command": '
+             '"echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\\ncat answer.txt"}}</tool_call>']
+    system = "Use the bash tool. To finish, run echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT and print the answer."
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": task},
+                *({"role": "assistant" if i % 2 == 0 else "tool", "content": t} for i, t in enumerate(turns))]
+    model = tiny_models.overfitted(tmp_path / "swe", sequences=[vllm_server.control.render_chat(messages, tools=[bash])],
+                                   seed=5, max_loss=0.02)
+    vllm_server.control.swap_full_weights(str(model), str(version_base + 5))
+    shutil.copy(MINI_SWE_AGENT / "agent.py", agents / "mini_swe_agent.py")
+    (agents / "mini_swe_agent.py").chmod(0o644)
+    runtime = Container(ContainerSettings(
+        image=IMAGE, command=["python3", "/agents/mini_swe_agent.py"], memory_mb=1024, pids=128, warm=0,
+        mounts=[f"{agents}:/agents", f"{site}:/opt/mini-swe-agent"],
+        grade_command=["sh", "-c", "cat /tmp/work/answer.txt"]))
+    try:
+        interceptor = Interceptor(vllm_server.control, SamplingParams(temperature=0.0, max_tokens=160))
+        try:
+            answer = runtime.run("unused", {"prompt": task, "system": system}, interceptor, timeout_s=120)
+        except Exception as exc:
+            said = [vllm_server.control.detokenize(c.prompt_token_ids + c.completion_token_ids) for c in interceptor.calls]
+            raise AssertionError(f"{exc}; the calls: {said}") from exc
+    finally:
+        runtime.close()
+
+    assert answer.strip() == "42" and interceptor.grading["stdout"].strip() == "42"
+    calls = interceptor.calls
+    end = vllm_server.control.end_of_turn_ids()
+    assert [vllm_server.control.detokenize(c.completion_token_ids) for c in calls] == \
+        [turns[0] + "<|im_end|>", turns[2] + "<|im_end|>"]
+    for call in calls:
+        direct = vllm_server.control.generate(call.prompt_token_ids, max_tokens=160, temperature=0.0, stop_token_ids=end)
+        assert direct["choices"][0]["token_ids"] == call.completion_token_ids
+        assert direct["choices"][0]["logprobs"]["content"][0]["logprob"] == pytest.approx(call.completion_logprobs[0],
+                                                                                          abs=1e-4)
+    record = assemble(calls)
+    assert record.branches == [0, 0], "a call did not extend the tokens sampled before it"
+    masked = vllm_server.control.detokenize([t for t, m in zip(record.completion_token_ids, record.loss_mask) if not m])
+    assert "<returncode>0</returncode>" in masked and sum(record.loss_mask) == sum(len(c.completion_token_ids)
+                                                                                 for c in calls)
     assert not left_running()

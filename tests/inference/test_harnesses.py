@@ -10,7 +10,7 @@ import pytest
 from reference import transformers_logprobs
 
 from rollwire.producers.assembly import assemble
-from rollwire.producers.harnesses import script_harness
+from rollwire.producers.harnesses import conversation_harness, script_harness
 from rollwire.producers.interception import Interceptor
 from rollwire.producers.interception_server import InterceptionServer
 from rollwire.schemas import SamplingParams
@@ -67,3 +67,46 @@ def test_the_server_renders_the_tools_of_a_chat_into_the_prompt_with_the_templat
     text = vllm_server.control.detokenize(with_tools)  # (the character tokenizer has no < or {: shown as pad)
     assert "You may call functions" in text and "calculator" in text and "Evaluates an arithmetic expression" in text
     assert with_tools[-len(plain):] == plain  # the tools block comes first, the conversation as before
+
+
+def test_reasoning_the_template_drops_from_history_branches_the_rollout_counted_and_kept(vllm_server, tiny_models,
+                                                                                        tmp_path, version_base):
+    """The served template drops the reasoning of assistant turns before the last user message, as
+    Qwen3's does (`rollwire.trainer.tiny.CHAT_TEMPLATE`). A two-turn conversation with a model that
+    reasons: the second call's prompt, rendered by vLLM, no longer holds the first reply's sampled
+    tokens, so the rollout has two token sequences; the metrics count the branch and its untrained
+    tokens, `branches = "all"` keeps both lines, and each line is exactly what was sampled."""
+    first = [{"role": "user", "content": "6*7?"}, {"role": "assistant", "content": "<think>six sevens</think>42"}]
+    second = [*first, {"role": "user", "content": "And 6*8?"}, {"role": "assistant", "content": "<think>six eights</think>48"}]
+    model = tiny_models.overfitted(tmp_path / "reasoner", [first, second], seed=11, max_loss=0.05)
+    vllm_server.control.swap_full_weights(str(model), str(version_base + 11))
+    interceptor = Interceptor(vllm_server.control, SamplingParams(temperature=0.0, max_tokens=40))
+    row = {"messages": first[:1], "user_turns": ["And 6*8?"]}
+
+    assert conversation_harness(row, interceptor, max_turns=2) == "<think>six eights</think>48"
+
+    calls = interceptor.calls
+    shown = vllm_server.control.detokenize(calls[1].prompt_token_ids)
+    assert "<|im_start|>assistant\n42<|im_end|>" in shown and "six sevens" not in shown  # vLLM dropped it
+    record = assemble(calls)
+    assert record.branches == [0, 1]
+    assert record.metrics() == {"rollwire.branched_calls": 1.0,
+                                "rollwire.untrained_tokens": float(len(calls[1].completion_token_ids))}
+    assert record.completion_token_ids == calls[0].completion_token_ids  # the main line: the first call
+    (other,) = record.branch_sequences()  # trained too where the environment says branches = "all"
+    assert other.prompt_token_ids == calls[1].prompt_token_ids and other.completion_token_ids == calls[1].completion_token_ids
+    assert record.metrics(branches_trained=True)["rollwire.untrained_tokens"] == 0
+    for call in calls:  # each line is what a direct generate call gives for its prompt
+        direct = vllm_server.control.generate(call.prompt_token_ids, max_tokens=40, temperature=0.0,
+                                              stop_token_ids=vllm_server.control.end_of_turn_ids())
+        assert direct["choices"][0]["token_ids"] == call.completion_token_ids
+
+
+def test_the_served_template_is_read_for_its_tool_call_format(vllm_server):
+    """vLLM renders an assistant turn with a call; the tiny template writes it as Hermes does."""
+    from rollwire.consumers.vllm_control import VllmControl
+    fresh = VllmControl(vllm_server.control.base_url)  # nothing remembered
+    try:
+        assert fresh.tool_call_format() == "hermes"
+    finally:
+        fresh.close()

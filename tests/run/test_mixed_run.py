@@ -97,10 +97,18 @@ def test_the_simulated_users_turns_and_the_tools_schemas_reach_the_model_untrain
     tokenizer = AutoTokenizer.from_pretrained(mixed_run["run_dir"] / "base")
     rollouts = [s.rollout for s in _events(mixed_run["run_dir"], "mixed.scored") if s.rollout.error is None]
     conversations = [r for r in rollouts if r.environment == "higher-lower"]
-    multi_turn = [r for r in conversations if 0 in r.loss_mask and 1 in r.loss_mask[r.loss_mask.index(0):]]
-    assert multi_turn, "no conversation went past the model's first reply"
-    for rollout in multi_turn:
-        said_by_user = tokenizer.decode([t for t, m in zip(rollout.completion_token_ids, rollout.loss_mask) if not m])
-        assert re.search(r"Higher\.|Lower\.|Reply with one whole number", said_by_user), said_by_user
+    # the user's turns: environment tokens of a sequence the model's next reply extends, or the prompt of
+    # a sequence of its own where the template re-rendered the reply before it (branches = "all")
+    lines = [line for r in conversations for line in [r, *r.branches]]
+    said_by_user = [tokenizer.decode([t for t, m in zip(line.completion_token_ids, line.loss_mask) if not m])
+                    for line in lines if 0 in line.loss_mask]
+    said_by_user += [tokenizer.decode(line.prompt_token_ids).rsplit("<|im_start|>user", 1)[-1]
+                     for r in conversations for line in r.branches]
+    assert said_by_user, "no conversation went past the model's first reply"
+    for text in said_by_user:
+        assert re.search(r"Higher\.|Lower\.|Reply with one whole number", text), text
+    for r in conversations:  # every sequence kept and trained: none of the model's tokens left out
+        assert bool(r.branches) == (r.metrics["rollwire.branched_calls"] > 0)
+        assert r.metrics["rollwire.untrained_tokens"] == 0
     shop = [r for r in rollouts if r.environment.endswith(":Shop")]
     assert all("quantity" in tokenizer.decode(r.prompt_token_ids) for r in shop)  # price(item, quantity)

@@ -27,6 +27,7 @@ class ScriptedModel:
     """The rollout's interceptor: answers from a script, records what the template was given."""
 
     usage = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+    tool_call_format = "hermes"
 
     def __init__(self, replies: list[str]) -> None:
         self.replies, self.asked, self.finish_reason = list(replies), [], "stop"
@@ -76,6 +77,26 @@ def test_the_sdk_gets_parallel_tool_calls_and_its_turn_back_renders_the_sampled_
     assert rendered[2] == {"role": "assistant", "content": TWO_CALLS}
     assert rendered[3:] == [{"role": "tool", "content": "5", "tool_call_id": calls[0].id},
                             {"role": "tool", "content": "-4", "tool_call_id": calls[1].id}]
+
+
+@pytest.mark.parametrize("fmt, sampled", [
+    ("llama3_json", '{"name": "add", "parameters": {"a": 2, "b": 3}}; {"name": "negate", "parameters": {"x": 4}}'),
+    ("mistral", '[TOOL_CALLS][{"name": "add", "arguments": {"a": 2, "b": 3}}, {"name": "negate", "arguments": {"x": 4}}]'),
+    ("mistral", '[TOOL_CALLS]add[ARGS]{"a": 2, "b": 3}[TOOL_CALLS]negate[ARGS]{"x": 4}'),
+])
+def test_calls_in_the_models_own_format_reach_the_sdk_as_tool_calls_and_come_back_as_sampled(served, fmt, sampled):
+    client, model = served([sampled, "5 and -4."])
+    model.tool_call_format = fmt
+    messages = [{"role": "user", "content": "2+3, and -4?"}]
+    choice = client.chat.completions.create(model="policy", messages=messages, tools=[ADD, NEGATE]).choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    calls = choice.message.tool_calls
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [("add", {"a": 2, "b": 3}),
+                                                                                  ("negate", {"x": 4})]
+    messages += [choice.message.model_dump(exclude_none=True),
+                 *({"role": "tool", "tool_call_id": c.id, "content": r} for c, r in zip(calls, ("5", "-4")))]
+    client.chat.completions.create(model="policy", messages=messages, tools=[ADD, NEGATE])
+    assert model.asked[1][0][1] == {"role": "assistant", "content": sampled}
 
 
 def test_a_stream_carries_the_same_reply_in_chunks_with_usage_when_asked(served):

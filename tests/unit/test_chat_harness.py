@@ -8,6 +8,8 @@ from rollwire.producers.tools import calculator
 
 
 class ScriptedModel:
+    tool_call_format = "hermes"
+
     def __init__(self, replies):
         self.replies, self.seen = list(replies), []
 

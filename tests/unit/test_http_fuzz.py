@@ -116,6 +116,7 @@ class EchoInterceptor:
     finish_reason = "stop"
     usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
     """What the interception server reports for each call."""
+    tool_call_format = "hermes"
 
     def _reply(self, text: str) -> str:
         return text

@@ -39,6 +39,8 @@ def call(name: str, **arguments) -> str:
 class Model:
     """Stands for the rollout's Interceptor: says `replies` in order, keeps what it was shown."""
 
+    tool_call_format = "hermes"
+
     def __init__(self, *replies: str) -> None:
         self.replies, self.shown = list(replies), []
 

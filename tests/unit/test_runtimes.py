@@ -20,6 +20,7 @@ class ScriptedInterceptor:
 
     usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
     """What the interception server reports for each call."""
+    tool_call_format = "hermes"
 
     def __init__(self, replies):
         self.replies, self.asked, self.finish_reason = list(replies), [], "stop"

@@ -25,6 +25,7 @@ class ScriptedModel:
     """Answers from a script; records each call's messages and the tool schemas it was shown."""
 
     usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+    tool_call_format = "hermes"
     """What the interception server reports for each call."""
 
     def __init__(self, replies: list[str]) -> None:

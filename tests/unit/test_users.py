@@ -23,6 +23,8 @@ class Model:
     """Stands for the rollout's Interceptor: answers each chat call with `answer(messages)`, and keeps
     what each call was shown."""
 
+    tool_call_format = "hermes"
+
     def __init__(self, answer) -> None:
         self.answer, self.shown = answer, []
 
