@@ -55,6 +55,7 @@ run: install
 test: install lint
 	$(VENV)/bin/python deploy/kafka/broker.py fetch >/dev/null
 	$(VENV)/bin/python examples/agents/mini_swe_agent/install.py >/dev/null
+	$(VENV)/bin/python deploy/models/fetch.py smollm2 >/dev/null
 	$(VENV)/bin/python -m pytest --durations=30 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # Lint and types (settings in pyproject.toml): part of `make test`, so part of CI.

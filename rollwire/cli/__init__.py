@@ -7,6 +7,7 @@ what the subcommand needs (so `rollwire --help` never loads Kafka, torch or vLLM
     services.py   score, inference, train
     evaluate.py   eval
     environments.py  env list, env init, env check (environments people bring)
+    models.py     model import (a GGUF checkpoint to a model folder)
     run.py        run (the whole loop from a recipe)
     replay.py     replay score, replay train (re-score or retrain a recorded run into shadow topics)
     feedback.py   serve (the serving gateway), feedback serve/import, join (production feedback to samples)
@@ -19,7 +20,7 @@ import argparse
 import logging
 import sys
 
-from rollwire.cli import environments, evaluate, feedback, inspect, logs, producers, releases, replay, run, services
+from rollwire.cli import environments, evaluate, feedback, inspect, logs, models, producers, releases, replay, run, services
 
 DESCRIPTION = """\
 rollwire: asynchronous RL post-training for LLMs, as an event-sourced streaming system.
@@ -33,6 +34,7 @@ examples:
   rollwire run                                 the demo: everything on this machine, learning for real
   rollwire topics                              the topic catalog: events, keys, who writes and reads
   rollwire env init sorting                    a package for your own environment (pip install -e sorting)
+  rollwire model import model.gguf --out models/m   a GGUF checkpoint as a model folder to train
   rollwire topics --create --bus kafka --bootstrap 127.0.0.1:9092
   rollwire tail rollouts --log-dir runs/demo/log --since 10m
   rollwire tail deadletter --bus kafka --from-beginning --limit 20
@@ -62,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     for add in (run.add_run, logs.add_topics, logs.add_tail, producers.add_dispatch, producers.add_env_worker,
                 services.add_score, services.add_inference, services.add_train, evaluate.add_evaluate, environments.add_env,
                 replay.add_replay, inspect.add_inspect, feedback.add_serve, feedback.add_feedback, feedback.add_join,
-                releases.add_promote, releases.add_rollback):
+                releases.add_promote, releases.add_rollback, models.add_model):
         add(sub)
     return parser
 
