@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from reference import sampled_rollout
 
 from rollwire.consumers.vllm_server import VllmServer, VllmServerSettings
-from rollwire.schemas import RolloutCompleted, WeightVersionSpan
 from rollwire.trainer.model import ModelSettings, layout, load_policy, save_model, token_logprobs
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -103,12 +103,7 @@ def test_served_logprobs_equal_the_trainers_after_three_full_weight_reloads(smol
             choice = served.control.generate(prompt, max_tokens=24, temperature=1.0, seed=index, ignore_eos=True,
                                              )["choices"][0]
             assert [s["version"] for s in choice["weight_versions"]] == [str(version)]
-            n = len(choice["token_ids"])
-            rollouts.append(RolloutCompleted(
-                group_id="g", task_id="t", environment="e", algorithm="grpo", group_size=3, sample_index=index,
-                prompt_token_ids=prompt, completion_token_ids=choice["token_ids"],
-                completion_logprobs=[c["logprob"] for c in choice["logprobs"]["content"]], loss_mask=[1] * n,
-                weight_versions=[WeightVersionSpan(version=version, start=0, end=n)]))
+            rollouts.append(sampled_rollout(prompt, choice, version, index))
         trainer = load_policy(settings, str(folder)).eval()
         with torch.no_grad():
             ours = token_logprobs(trainer, layout(rollouts, torch.device("cpu")))

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from reference import sampled_rollout
 
-from rollwire.schemas import RolloutCompleted, WeightVersionSpan
 from rollwire.trainer.model import ModelSettings, layout, load_policy, token_logprobs
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -18,12 +18,7 @@ def test_trainer_logprobs_match_the_samplers_on_the_same_weights(vllm_server, ti
     rollouts = []
     for i, prompt in enumerate(([1, 47, 26, 20, 16], [1, 30, 31, 32, 33, 34, 35, 36], [1, 60])):
         choice = vllm_server.control.generate(prompt, max_tokens=24, seed=i, ignore_eos=True)["choices"][0]
-        n = len(choice["token_ids"])
-        rollouts.append(RolloutCompleted(
-            group_id="g", task_id="t", environment="e", algorithm="grpo", group_size=3, sample_index=i,
-            prompt_token_ids=prompt, completion_token_ids=choice["token_ids"],
-            completion_logprobs=[c["logprob"] for c in choice["logprobs"]["content"]], loss_mask=[1] * n,
-            weight_versions=[WeightVersionSpan(version=version_base, start=0, end=n)]))
+        rollouts.append(sampled_rollout(prompt, choice, version_base, i))
 
     model = load_policy(ModelSettings(path=str(weights), device="cpu", dtype="float32"))
     with torch.no_grad():
