@@ -1,5 +1,5 @@
 """Runs inside vLLM's workers (`--worker-extension-cls`): a full-weight reload that keeps a tied
-output layer tied.
+output layer tied and a mixture of experts' packed weights current.
 
 vLLM's layer-wise reload (`collective_rpc reload_weights`) gives each reloaded layer new parameter
 tensors. A model with tied embeddings (`tie_word_embeddings`: Qwen2.5/3, Llama-3.2, Gemma) shares
@@ -7,8 +7,9 @@ one tensor between the input embeddings and the output layer; the reload replace
 tensor and leaves the output layer on the old one (on a CPU also its packed GEMM copy), so the
 server would sample from new body + old head. `rollwire_reload_weights` reloads, then ties the
 output layer to the new embeddings again and lets the layer rebuild what it derives from its
-weight (`process_weights_after_loading`: the CPU GEMM packing). Models without a tie reload as
-vLLM does. Nothing here is imported by rollwire itself; vLLM imports it by name in each worker.
+weight (`process_weights_after_loading`: the CPU GEMM packing). A mixture of experts gets the
+same for its experts kernel (`repack_experts`), which vLLM's reload skips. Nothing here is
+imported by rollwire itself; vLLM imports it by name in each worker.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ class TiedReload:
         self.reload_weights(weights_path=weights_path)  # type: ignore[attr-defined]
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
         retied = retie_output_layer(model)
-        return {"retied": retied}
+        repacked = repack_experts(model)
+        return {"retied": retied, "repacked_expert_layers": repacked}
 
 
 def retie_output_layer(model) -> bool:
@@ -49,3 +51,22 @@ def retie_output_layer(model) -> bool:
     head.weight = embedding.weight
     head.quant_method.process_weights_after_loading(head)
     return True
+
+
+def repack_experts(model) -> int:
+    """Lets each mixture-of-experts layer's kernel derive its own layout from the reloaded weights
+    again; returns how many layers it did.
+
+    vLLM's reload re-runs the layer's `process_weights_after_loading`, which on a weight update skips
+    the experts kernel's own step (it runs only the first time). That step is where the CPU kernel
+    packs the expert weights into its grouped-GEMM layout, so after a reload the packed storage held
+    the new weights unpacked and the experts computed garbage. The kernels that need no step of their
+    own (CUDA's) inherit a no-op, so calling it again changes nothing there."""
+    repacked = 0
+    for module in model.modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if experts is not None:
+            experts.process_weights_after_loading(module)
+            repacked += 1
+    return repacked

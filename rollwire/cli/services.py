@@ -56,7 +56,7 @@ def add_inference(sub) -> None:
     add_settings_flags(inference.add_argument_group("replica id (default: HOST:PORT)"), WeightSubscriberSettings,
                        ["replica_id"], overrides=True)
     add_settings_flags(inference.add_argument_group("weight subscriber"), WeightSubscriberSettings,
-                       ["policy", "cache_dir", "keep_versions", "follow", "lane", "allow_moe_full_reload"])
+                       ["policy", "cache_dir", "keep_versions", "follow", "lane"])
     inference.add_argument("--vllm-log", type=Path, default=None, help="file for the server's own output")
     add_store_options(inference)
     add_bus_options(inference)
@@ -115,7 +115,7 @@ def cmd_inference(args: argparse.Namespace) -> int:
                        "inference")
     subscriber = WeightSubscriberSettings(replica_id=args.replica_id or f"{server.host}:{server.port}",
                                           **settings_flags(args, ["policy", "cache_dir", "keep_versions", "follow",
-                                                                             "lane", "allow_moe_full_reload"]))
+                                                                             "lane"]))
     topics = Topics(args.prefix)
     with open_log(bus_settings(args)) as log:
         log.create_topics(catalog_topics(topics))

@@ -5,7 +5,9 @@ to the next. Nothing is left running."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -68,7 +70,10 @@ def work(worker: EnvWorker, log, topics: Topics, rollouts: int) -> tuple[int, di
 
 
 def left_running() -> list[str]:
-    return subprocess.run(["docker", "ps", "-aq", "--filter", f"label={OWNER_LABEL}"], capture_output=True,
+    """The containers of runtimes in this test process (a whole run in the other pytest worker may
+    have its own running meanwhile)."""
+    owner = f"{socket.gethostname()}:{os.getpid()}"
+    return subprocess.run(["docker", "ps", "-aq", "--filter", f"label={OWNER_LABEL}={owner}"], capture_output=True,
                           text=True, check=True).stdout.split()
 
 
