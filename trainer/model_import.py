@@ -41,6 +41,13 @@ class Imported:
     bytes_written: int
     seconds: float
 
+    @property
+    def summary(self) -> str:
+        return (f"{self.architecture}, {self.layers} layers, hidden {self.hidden}, vocabulary {self.vocabulary:,}, "
+                f"{self.parameters / 1e6:.1f}M parameters ({'tied' if self.tied else 'untied'} embeddings), "
+                f"{self.dtype}, {self.bytes_written / 2**20:.0f} MiB, chat template "
+                f"{'with end of turn ' + repr(self.end_of_turn) if self.chat_template else 'none'}; {self.seconds:.0f} s")
+
 
 def gguf_file(source: Path) -> Path:
     """The GGUF file `source` names: the file itself, or the only `.gguf` in a folder."""

@@ -41,8 +41,5 @@ def cmd_import(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     with console.status(f"reading {args.source} (dequantizing its weights) ..."):
         done = import_gguf(args.source, args.out, dtype=args.dtype)
-    print(f"{done.folder}: {done.architecture}, {done.layers} layers, hidden {done.hidden}, vocabulary "
-          f"{done.vocabulary:,}, {done.parameters / 1e6:.1f}M parameters ({'tied' if done.tied else 'untied'} "
-          f"embeddings), {done.dtype}, {done.bytes_written / 2**20:.0f} MiB, chat template "
-          f"{'with end of turn ' + repr(done.end_of_turn) if done.chat_template else 'none'}; {done.seconds:.0f} s")
+    print(f"{done.folder}: {done.summary}")
     return 0

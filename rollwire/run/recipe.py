@@ -72,7 +72,8 @@ class ModelRecipe(_Section):
     """The policy's starting weights: a local directory or hub name, or a tiny model built here."""
 
     path: str | None = None
-    """Starting weights (directory or hub name); None builds `tiny` under `<run_dir>/base`."""
+    """Starting weights: a directory or hub name; a `.gguf` file, imported once into `<run_dir>/base`
+    (`rollwire model import`); None builds `tiny` there."""
     tiny: TinyModelSettings = Field(default_factory=TinyModelSettings)
     """The tiny model to build when `path` is not set."""
 
@@ -226,7 +227,11 @@ class RunRecipe(_Section):
 
     @property
     def base_model(self) -> str:
-        return self.model.path or str(self.run_dir / "base")
+        """What the trainer and the servers load: the recipe's model, or `<run_dir>/base` where the run
+        builds it (a tiny model, or the import of a GGUF file)."""
+        if self.model.path and not self.model.path.endswith(".gguf"):
+            return self.model.path
+        return str(self.run_dir / "base")
 
     @property
     def topic_prefix(self) -> str:

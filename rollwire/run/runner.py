@@ -72,9 +72,19 @@ def resolve(recipe: RunRecipe) -> Path:
 
 
 def prepare_model(recipe: RunRecipe, console: Console) -> None:
-    """Step 2: builds `<run_dir>/base` (tiny model + warm start) once; a finished one is kept."""
+    """Step 2: builds `<run_dir>/base` (tiny model + warm start, or the import of a GGUF file) once;
+    a finished one is kept."""
     base = Path(recipe.base_model)
-    if recipe.model.path is not None or (base / "config.json").exists():
+    if recipe.model.path == recipe.base_model or (base / "config.json").exists():
+        return
+    building = base.with_name(base.name + ".partial")
+    shutil.rmtree(building, ignore_errors=True)
+    if recipe.model.path is not None:
+        from rollwire.trainer.model_import import import_gguf
+        with console.status(f"importing {recipe.model.path} into {base} (once) ..."):
+            imported = import_gguf(recipe.model.path, building)
+        console.print(f"imported {recipe.model.path}: {imported.summary}")
+        building.rename(base)
         return
     import torch
 
@@ -82,8 +92,6 @@ def prepare_model(recipe: RunRecipe, console: Console) -> None:
     from rollwire.trainer.tiny import build_bpe_tokenizer, build_char_tokenizer, build_tiny_model
     from rollwire.trainer.warmstart import warm_start
     torch.set_num_threads(2)
-    building = base.with_name(base.name + ".partial")
-    shutil.rmtree(building, ignore_errors=True)
     tiny = recipe.model.tiny
     tokenizer = build_bpe_tokenizer() if tiny.tokenizer == "bpe" else build_char_tokenizer()
     build_tiny_model(building, tokenizer, seed=tiny.seed, hidden=tiny.hidden, layers=tiny.layers, heads=tiny.heads,

@@ -55,7 +55,7 @@ def test_malformed_rows_name_the_line(tmp_path):
     path.write_text('{"question": "q", "answer": "#### 1"}\n{"question": "q"}\n')
     with pytest.raises(ConfigError, match="bad.jsonl:2"):
         list(load_taskset("math-word", path=path).rows())
-    with pytest.raises(ConfigError, match="valid: calculator, higher-lower, math-word, reverse-digits"):
+    with pytest.raises(ConfigError, match="valid: arithmetic, calculator, higher-lower, math-word, reverse-digits"):
         load_taskset("chess")
 
 
