@@ -95,7 +95,7 @@ def test_the_recipe_owns_the_runs_names_and_every_component_gets_them(tmp_path):
     (ENV + "[warm_start]\nsteps = 5\nenvironment = 'chess'", "chess"),
     (ENV + "[bus]\ntype = 'kafka'\nbootstrap_servers = 'nohost'", "host:port"),
     ("steps = [", "not valid TOML"),
-    ("[[environments]]\nname = 'chess'", "environments.0.name: unknown taskset 'chess'; valid: calculator"),
+    ("[[environments]]\nname = 'chess'", "environments.0.name: unknown taskset 'chess'; valid: arithmetic, calculator"),
     (ENV + "algorithm = 'grpoo'", "environments.0.algorithm: unknown advantage algorithm 'grpoo'; valid: .*"
                                   "did you mean 'grpo'"),
     (ENV + "options = { sed = 1 }", "taskset reverse-digits has no option 'sed' \\(did you mean 'seed'\\?\\); "
