@@ -25,13 +25,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--hidden", type=int, default=512, help="hidden size (default %(default)s)")
-    parser.add_argument("--layers", type=int, default=4, help="layers (default %(default)s)")
-    parser.add_argument("--trials", type=int, default=9, help="versions published (default %(default)s)")
-    args = parser.parse_args()
-
+def publish_to_serving(versions: list[Path], trials: int, work: Path, *, max_model_len: int = 512) -> list[tuple]:
+    """Serves `versions[0]` and publishes `versions[1]`, `versions[2]` in turn, `trials` times:
+    per trial (publish-to-serving, download+verify, swap, raw download+read), in seconds."""
     import logging
 
     from moto.server import ThreadedMotoServer
@@ -43,22 +39,13 @@ def main() -> None:
     from rollwire.core.objectstore import S3Store
     from rollwire.core.weight_versions import publish
     from rollwire.schemas import Topics, WeightsPublished
-    from rollwire.trainer.tiny import build_char_tokenizer, build_tiny_model
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    work = Path(tempfile.mkdtemp(prefix="bench-reload-"))
-    tokenizer = build_char_tokenizer()
-    shape = {"hidden": args.hidden, "layers": args.layers, "intermediate": 4 * args.hidden,
-             "heads": max(4, args.hidden // 64), "kv_heads": max(2, args.hidden // 128)}
-    versions = [build_tiny_model(work / f"seed{s}", tokenizer, seed=s, **shape) for s in (0, 1, 2)]
-    size_mb = sum(f.stat().st_size for f in versions[1].glob("*.safetensors")) / 1e6
-    print(f"checkpoint: hidden {args.hidden}, {args.layers} layers, {size_mb:.1f} MB of safetensors")
-
     moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     moto.start()
     host, port = moto.get_host_and_port()
     store = S3Store(f"{host}:{port}", "bench", access_key="k", secret_key="s", secure=False, region="us-east-1")
-    server = VllmServer(VllmServerSettings(model=str(versions[0]), dtype="float32", max_model_len=512,
+    server = VllmServer(VllmServerSettings(model=str(versions[0]), dtype="float32", max_model_len=max_model_len,
                                            log_path=work / "vllm.log"))
     server.start()
     topics = Topics("bench")
@@ -95,7 +82,7 @@ def main() -> None:
         return time.perf_counter() - t0
 
     try:
-        for trial in range(1, args.trials + 1):
+        for trial in range(1, trials + 1):
             published = publish(store, versions[1 + trial % 2], f"run/v{trial}", policy="policy", version=trial,
                                 step=trial)
             if trial % 2:  # alternate which goes first: the disk's write-back of one slows the other
@@ -107,10 +94,30 @@ def main() -> None:
             rows.append((total, status.download_s, status.swap_s, raw))
             print(f"version {trial}: publish-to-serving {total * 1000:7.1f} ms (download+verify "
                   f"{status.download_s * 1000:6.1f} ms, swap {status.swap_s * 1000:6.1f} ms); "
-                  f"raw download+read {raw * 1000:6.1f} ms")
+                  f"raw download+read {raw * 1000:6.1f} ms", flush=True)
     finally:
         server.stop()
         moto.stop()
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hidden", type=int, default=512, help="hidden size (default %(default)s)")
+    parser.add_argument("--layers", type=int, default=4, help="layers (default %(default)s)")
+    parser.add_argument("--trials", type=int, default=9, help="versions published (default %(default)s)")
+    args = parser.parse_args()
+
+    from rollwire.trainer.tiny import build_char_tokenizer, build_tiny_model
+
+    work = Path(tempfile.mkdtemp(prefix="bench-reload-"))
+    tokenizer = build_char_tokenizer()
+    shape = {"hidden": args.hidden, "layers": args.layers, "intermediate": 4 * args.hidden,
+             "heads": max(4, args.hidden // 64), "kv_heads": max(2, args.hidden // 128)}
+    versions = [build_tiny_model(work / f"seed{s}", tokenizer, seed=s, **shape) for s in (0, 1, 2)]
+    size_mb = sum(f.stat().st_size for f in versions[1].glob("*.safetensors")) / 1e6
+    print(f"checkpoint: hidden {args.hidden}, {args.layers} layers, {size_mb:.1f} MB of safetensors")
+    rows = publish_to_serving(versions, args.trials, work)
     total, download, swap, raw = (statistics.median(c) for c in zip(*rows))
     print(f"median of {len(rows)}: publish-to-serving {total * 1000:.1f} ms, raw download+read {raw * 1000:.1f} ms, "
           f"ratio {total / raw:.2f}")

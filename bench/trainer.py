@@ -21,13 +21,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def scored_rollouts(n: int, vocab: int, seed: int = 0):
+def scored_rollouts(n: int, vocab: int, seed: int = 0, *, prompt_tokens: int = 24,
+                    completion_tokens: tuple[int, int] = (48, 96)):
+    """`n` scored rollouts of random tokens in groups of 8: a prompt of 1 + `prompt_tokens`, a
+    completion of `completion_tokens` (low, high: drawn from that range), half of them rewarded."""
     from rollwire.schemas import RolloutCompleted, ScoredRollout, WeightVersionSpan
     rng = random.Random(seed)
     out = []
     for i in range(n):
-        prompt = [1] + [rng.randrange(5, vocab) for _ in range(24)]
-        completion = [rng.randrange(5, vocab) for _ in range(rng.randrange(48, 96))]
+        prompt = [1] + [rng.randrange(5, vocab) for _ in range(prompt_tokens)]
+        completion = [rng.randrange(5, vocab) for _ in range(rng.randrange(*completion_tokens))]
         rollout = RolloutCompleted(
             rollout_id=f"r{i}", group_id=f"g{i // 8}", task_id="t", environment="bench", algorithm="grpo",
             group_size=8, sample_index=i % 8, prompt_token_ids=prompt, completion_token_ids=completion,

@@ -224,11 +224,21 @@ def options_model(fn: Callable[..., Any], *, skip: int = 0,
 
 
 def _hints(fn: Callable[..., Any]) -> dict[str, Any]:
+    """The parameters' annotations, each evaluated on its own: one that cannot be evaluated here (a
+    type imported only for type checkers, such as the tensors a correction takes) accepts any value,
+    and the others still check theirs."""
     target = fn.__init__ if inspect.isclass(fn) else fn
-    try:
-        return {k: v for k, v in inspect.get_annotations(target, eval_str=True).items() if k != "return"}
-    except Exception:  # an annotation that cannot be evaluated here: accept any value for it
-        return {}
+    hints = {}
+    for name, annotation in inspect.get_annotations(target).items():
+        if name == "return":
+            continue
+        if isinstance(annotation, str):
+            try:
+                annotation = eval(annotation, getattr(target, "__globals__", {}))  # noqa: S307 - the module's own annotation
+            except Exception:
+                continue
+        hints[name] = annotation
+    return hints
 
 
 def check_options(what: str, fn: Callable[..., Any], options: Mapping[str, Any], *, skip: int = 0) -> dict[str, Any]:

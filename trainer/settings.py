@@ -17,6 +17,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rollwire.trainer import losses
+from rollwire.trainer.corrections import CorrectionSpec
 
 
 class BatchSettings(BaseModel):
@@ -152,6 +153,10 @@ class TrainerSettings(BaseModel):
     nll, reverse_kl."""
     loss_params: dict[str, float] = Field(default_factory=dict)
     """Parameters of the loss, e.g. `{eps_low = 0.2}`; checked against the loss when loaded."""
+    corrections: list[CorrectionSpec] = Field(default_factory=list)
+    """Off-policy corrections before the loss, in order, their weights multiplied
+    (`rollwire.trainer.corrections`): token_tis, sequence_mis, geo_rs, icepop, measure; e.g.
+    `[{ name = "token_tis", cap = 2.0 }]`. Each reports what it capped or masked."""
     lr: float = Field(default=3e-4, gt=0)
     """AdamW learning rate."""
     weight_decay: float = Field(default=0.0, ge=0)

@@ -1,7 +1,8 @@
 """One optimizer step over a batch of scored rollouts, blind to the algorithm that scored them.
 
     for each objective:     policy_gradient (the trainer's loss), sft (nll), preference (dpo)
-      for each micro-batch: layout -> token logprobs [B, C] -> loss (normalised by the objective's
+      for each micro-batch: layout -> token logprobs [B, C] -> off-policy corrections (policy
+                            gradient only: `rollwire.trainer.corrections`) -> loss (normalised by the objective's
                             trained tokens, or pairs, in the step) x weight -> backward
                                                                         (gradient accumulation)
     under torchrun:         each rank the micro-batches of its share; gradients summed over ranks
@@ -19,7 +20,8 @@ from dataclasses import dataclass, field
 import torch
 
 from rollwire.schemas.rollout import RolloutCompleted, ScoredRollout, TokenSequence
-from rollwire.trainer import losses
+from rollwire.trainer import corrections, losses
+from rollwire.trainer.corrections import CorrectionSpec
 from rollwire.trainer.distributed import Shard
 from rollwire.trainer.losses import Loss, LossInputs
 from rollwire.trainer.model import layout, token_logprobs
@@ -58,6 +60,8 @@ class Objectives:
     preference: Loss | None = None
     """Default: `dpo` with its default beta."""
     preference_weight: float = 1.0
+    corrections: Sequence[CorrectionSpec] = ()
+    """Off-policy corrections of policy-gradient samples, before their loss."""
 
     def __post_init__(self) -> None:
         self.sft = self.sft or losses.build("nll")
@@ -68,7 +72,7 @@ class Objectives:
         feedback = settings.feedback
         return cls(losses.build(settings.loss, **settings.loss_params), sft_weight=feedback.sft_weight,
                    preference=losses.build(feedback.preference_loss, **feedback.preference_params),
-                   preference_weight=feedback.preference_weight)
+                   preference_weight=feedback.preference_weight, corrections=settings.corrections)
 
     def loss(self, objective: str) -> tuple[Loss, float]:
         assert self.sft is not None and self.preference is not None  # set by __post_init__
@@ -136,9 +140,13 @@ def train_step(model, optimizer, objectives: Loss | Objectives, batch: Sequence[
                 _row_advantages(s) if objective == "policy_gradient" else [[0.0] * width for _ in _rows(s)])],
                 width, device)
             logprobs = token_logprobs(model, tokens)
-            loss, chunk_metrics = loss_fn(LossInputs(logprobs=logprobs, sampler_logprobs=sampler, advantages=advantages,
-                                                     mask=tokens.mask, num_tokens=trained[objective],
-                                                     num_pairs=len(samples)))
+            inputs = LossInputs(logprobs=logprobs, sampler_logprobs=sampler, advantages=advantages, mask=tokens.mask,
+                                num_tokens=trained[objective], num_pairs=len(samples))
+            corrected: dict[str, float] = {}
+            if objective == "policy_gradient":
+                inputs, corrected = corrections.apply(objectives.corrections, inputs)
+            loss, chunk_metrics = loss_fn(inputs)
+            chunk_metrics = {**chunk_metrics, **corrected}
             loss = loss * weight
             if not torch.isfinite(loss):
                 bad_loss = loss.item()

@@ -1,29 +1,27 @@
 """A real pretrained checkpoint, end to end on this machine: SmolLM2-135M-Instruct (30 layers, a
 49,152-token BPE vocabulary, tied embeddings, ChatML) from its GGUF file (`deploy/models/fetch.py`,
-fetched by `make test` before the suite), imported by `rollwire model import`, served by a real vLLM
-server, trained by a real optimizer step, and reloaded three times: the served logprobs equal the
-trainer's on the same tokens after each reload, and the chat template's tokens equal vLLM's."""
+fetched by `make test` before the suite), run by `rollwire run` on the real-model recipe as a user
+runs it: imported into the run's base, served by the run's vLLM, trained by the run's trainer and
+hot-reloaded each step. Every version served the logprobs the trainer's weights give, and the chat
+template's tokens for a conversation with tool turns equal vLLM's."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
-from reference import sampled_rollout
+from user_runs import finish, metrics_rows, served_logprob_gaps, start_run
 
 from rollwire.consumers.vllm_server import VllmServer, VllmServerSettings
-from rollwire.trainer.model import ModelSettings, layout, load_policy, save_model, token_logprobs
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "deploy" / "models"))
-from fetch import fetch  # noqa: E402
+RECIPE = REPO / "recipes" / "smollm2-135m-arithmetic.toml"
+STEPS = 5
+"""Versions 1-3 each sample some rollouts wholly before the run ends (two steps off-policy at most)."""
 
 CONVERSATION = [
     {"role": "system", "content": "You are a shop assistant. Tools answer as the tool role."},
@@ -36,15 +34,32 @@ CONVERSATION = [
 ]
 
 
+def shorter(recipe: str) -> str:
+    """The recipe with half its rollouts a step and every version kept (the test reads each back)."""
+    changes = {"batch_rollouts = 32": "batch_rollouts = 16", "keep_last = 3": "keep_last = 10"}
+    for old, new in changes.items():
+        assert old in recipe, f"{RECIPE.name} no longer says {old!r}"
+        recipe = recipe.replace(old, new)
+    return recipe
+
+
 @pytest.fixture(scope="module")
-def smollm2(tmp_path_factory) -> Path:
-    """The GGUF imported as a user imports it: `rollwire model import` (float32)."""
-    folder = tmp_path_factory.mktemp("smollm2") / "model"
-    done = subprocess.run([sys.executable, "-m", "rollwire", "model", "import", str(fetch("smollm2")), "--out",
-                           str(folder)], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "LlamaForCausalLM, 30 layers, hidden 576, vocabulary 49,152" in done.stdout, done.stdout
-    return folder
+def real_run(tmp_path_factory) -> dict:
+    """`rollwire run` of the recipe from the repository root, its GGUF where `make test` fetched it."""
+    folder = tmp_path_factory.mktemp("smollm2-run")
+    recipe = folder / RECIPE.name
+    recipe.write_text(shorter(RECIPE.read_text()))
+    run_dir = folder / "run"
+    process = start_run(str(recipe), "--steps", str(STEPS), "--run-dir", str(run_dir), cwd=REPO)
+    output = finish(process, 800)
+    assert process.returncode == 0, output[-4000:]
+    return {"run_dir": run_dir, "output": output}
+
+
+@pytest.fixture(scope="module")
+def smollm2(real_run) -> Path:
+    """The model the run imported from the GGUF (float32)."""
+    return real_run["run_dir"] / "base"
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +69,22 @@ def served(smollm2, tmp_path_factory) -> Iterator[VllmServer]:
     server.start()
     yield server
     server.stop()
+
+
+def test_the_run_serves_each_version_with_the_logprobs_of_the_trainers_weights(real_run):
+    """After each full-weight hot reload of the 135M model, a rollout sampled wholly on that version
+    scores the same under that version's stored weights, within 1e-3 nats."""
+    from rollwire.core.bus import EmbeddedBusSettings, open_log
+    run_dir = real_run["run_dir"]
+    assert "imported" in real_run["output"] and "LlamaForCausalLM, 30 layers, hidden 576, vocabulary 49,152" \
+        in real_run["output"], real_run["output"][-3000:]
+    rows = metrics_rows(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    with open_log(EmbeddedBusSettings(path=run_dir / "log")) as log:
+        gaps = served_logprob_gaps(log, "smollm2-arithmetic.rollouts", run_dir / "weights")
+    assert {1, 2, 3} <= gaps.keys() and max(gaps.values()) < 1e-3, gaps
+    print("\nSmolLM2-135M in rollwire run: served vs stored weights' logprobs, largest gap per version: "
+          + ", ".join(f"v{v} {g:.1e}" for v, g in gaps.items()))
 
 
 def test_the_import_keeps_the_tie_the_template_and_the_end_of_turn(smollm2):
@@ -78,36 +109,3 @@ def test_a_multi_turn_conversation_with_tool_turns_renders_to_the_tokens_vllm_re
     ours = tokenizer.apply_chat_template(CONVERSATION, add_generation_prompt=True, tokenize=True, return_dict=False)
     assert served.control.render_chat(CONVERSATION) == ours
     assert served.control.end_of_turn_ids() == [tokenizer.convert_tokens_to_ids("<|im_end|>")]
-
-
-def test_served_logprobs_equal_the_trainers_after_three_full_weight_reloads(smollm2, served, tmp_path):
-    """Each version is one AdamW step of the trainer's model on a chat sequence (the tie kept, so the
-    output layer moves with the embeddings), saved as the trainer saves, hot-reloaded into the
-    running server; three sampled answers per version, scored by the trainer in one padded batch."""
-    settings = ModelSettings(path=str(smollm2), device="cpu", dtype="float32")
-    model = load_policy(settings)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    prompts = [served.control.render_chat(CONVERSATION), served.control.render_chat(CONVERSATION[:2]),
-               served.control.render_chat(CONVERSATION[:4])]
-    gaps = {}
-    for version in (1, 2, 3):
-        sequence = torch.tensor([prompts[version - 1]])
-        model(input_ids=sequence, labels=sequence).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        folder = tmp_path / f"v{version}"
-        save_model(model, folder)
-        served.control.swap_full_weights(str(folder), str(version))
-        rollouts = []
-        for index, prompt in enumerate(prompts):
-            choice = served.control.generate(prompt, max_tokens=24, temperature=1.0, seed=index, ignore_eos=True,
-                                             )["choices"][0]
-            assert [s["version"] for s in choice["weight_versions"]] == [str(version)]
-            rollouts.append(sampled_rollout(prompt, choice, version, index))
-        trainer = load_policy(settings, str(folder)).eval()
-        with torch.no_grad():
-            ours = token_logprobs(trainer, layout(rollouts, torch.device("cpu")))
-        gaps[version] = max(abs(ours[i, j].item() - served_lp) for i, r in enumerate(rollouts)
-                            for j, served_lp in enumerate(r.completion_logprobs))
-    assert max(gaps.values()) < 1e-3, gaps
-    print(f"\nSmolLM2-135M served vs trainer logprobs, largest gap per version: {gaps}")

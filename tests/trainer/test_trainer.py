@@ -120,6 +120,32 @@ def test_corrections_and_preferences_train_beside_rollouts_each_by_its_own_loss(
     assert results[0].num_tokens == sum(sum(r.loss_mask) for s in batch for r in (s.rollout, s.rejected) if r)
 
 
+def test_off_policy_corrections_weigh_the_step_and_report_over_the_whole_batch(tiny_policy):
+    """The same batch in one micro-batch or three reports the same shares (token means over the
+    step); icepop with bounds no ratio meets masks every token, so SGD leaves the weights alone."""
+    from rollwire.trainer.corrections import CorrectionSpec
+    # the tiny model gives its ~100 tokens about -4.6: sampled at -8, a ratio near 30 (capped); at -2, near 0.07
+    batch = [scored(i, completion=[10, 11, 12, 13], logprobs=[-8.0 if i % 2 else -2.0] * 4) for i in range(6)]
+    reported = []
+    for micro_batch in (6, 2):
+        model = load_policy(ModelSettings(path=str(tiny_policy)))
+        objectives = Objectives(losses.build("ppo_clip"), corrections=[CorrectionSpec(name="token_tis", cap=1.5),
+                                                                        CorrectionSpec(name="measure")])
+        result = train_step(model, torch.optim.SGD(model.parameters(), lr=0.1), objectives, batch,
+                            micro_batch=micro_batch, max_grad_norm=1.0, device=torch.device("cpu"))
+        reported.append(result.metrics)
+    assert reported[0]["tis_capped"] == pytest.approx(0.5) and reported[0]["ratio_mean"] > 10
+    for key in ("tis_capped", "tis_weight", "ratio_mean", "ratio_abs_log_mean"):
+        assert reported[1][key] == pytest.approx(reported[0][key], rel=1e-5), key
+    model = load_policy(ModelSettings(path=str(tiny_policy)))
+    before = [p.detach().clone() for p in model.parameters()]
+    nothing = Objectives(losses.build("ppo_clip"), corrections=[CorrectionSpec(name="icepop", lower=1e6, upper=2e6)])
+    result = train_step(model, torch.optim.SGD(model.parameters(), lr=0.1), nothing, batch, micro_batch=6,
+                        max_grad_norm=1.0, device=torch.device("cpu"))
+    assert result.metrics["icepop_masked"] == pytest.approx(1.0)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
 def test_a_non_finite_loss_skips_the_step_and_leaves_the_weights(tiny_policy):
     model = load_policy(ModelSettings(path=str(tiny_policy)))
     before = [p.detach().clone() for p in model.parameters()]

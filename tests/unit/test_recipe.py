@@ -102,6 +102,8 @@ def test_the_recipe_owns_the_runs_names_and_every_component_gets_them(tmp_path):
                                     "it takes seed, count"),
     (ENV + "[trainer]\nloss = 'ppo_clp'", "trainer: unknown loss 'ppo_clp'; valid: .*did you mean 'ppo_clip'"),
     (ENV + "[trainer]\nloss_params = { eps_hi = 0.3 }", "no parameter 'eps_hi' \\(did you mean 'eps_high'\\?\\)"),
+    (ENV + "[trainer]\ncorrections = [{ name = 'token_tiss' }]",
+     "trainer.corrections.0: unknown off-policy correction 'token_tiss'; valid: .*did you mean 'token_tis'"),
     (ENV + "[scorer.group_rewards]\nreverse-digits = [{ name = 'shortest' }]",
      "unknown group reward 'shortest'; valid: pairwise_judge, shortest_correct \\(did you mean 'shortest_correct'\\?\\)"),
     (ENV + "[scorer.group_rewards]\nreverse-digits = [{ name = 'shortest_correct', bonnus = 1 }]",
