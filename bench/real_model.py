@@ -61,14 +61,10 @@ def trainer_rates(model_dir: Path, work: Path, steps: int, batch_rollouts: int) 
     """Tokens trained per second: bare step, `train_step`, the trainer end to end."""
     import torch
 
-    from rollwire.core.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
-    from rollwire.core.objectstore import LocalStore
-    from rollwire.schemas import Topics
     from rollwire.trainer import losses
-    from rollwire.trainer.loop import Trainer, TrainerSettings
     from rollwire.trainer.model import ModelSettings, load_policy, resolve_device
     from rollwire.trainer.step import train_step
-    from trainer import scored_rollouts
+    from trainer import scored_rollouts, trainer_on_log
 
     settings = ModelSettings(path=str(model_dir), dtype="float32")
     device, _ = resolve_device(settings)
@@ -94,17 +90,8 @@ def trainer_rates(model_dir: Path, work: Path, steps: int, batch_rollouts: int) 
     timed_rate("train_step", lambda m, o, b: train_step(m, o, loss, b, micro_batch=batch_rollouts, max_grad_norm=1.0,
                                                         device=device))
 
-    topics = Topics("bench")
-    log = open_log(EmbeddedBusSettings(path=work / "log"))
-    log.create_topics(catalog_topics(topics))
-    producer = EventProducer(log.producer(), topics, name="bench")
-    for s in rollouts:
-        producer.send(topics.scored, s, key=s.rollout.group_id)
-    producer.close()
-    trainer = Trainer(log, topics, LocalStore(work / "store"),
-                      TrainerSettings(model=settings, checkpoint_dir=work / "ckpt", lr=1e-5,
-                                      micro_batch_rollouts=batch_rollouts,
-                                      batch={"batch_rollouts": batch_rollouts, "max_off_policy": 10**6}))
+    trainer = trainer_on_log(work, rollouts, settings, batch_rollouts=batch_rollouts, lr=1e-5,
+                             micro_batch_rollouts=batch_rollouts)
     trainer.step(timeout_s=30)  # warm-up, as above
     t0 = time.perf_counter()
     while trainer.state.step < steps + 1:

@@ -42,6 +42,25 @@ def scored_rollouts(n: int, vocab: int, seed: int = 0, *, prompt_tokens: int = 2
     return out
 
 
+def trainer_on_log(work: Path, rollouts, model_settings, *, batch_rollouts: int, **settings):
+    """A `Trainer` on an embedded log in `work` that already holds `rollouts` on its scored topic,
+    its store and checkpoints in `work` too; `settings` are more `TrainerSettings`."""
+    from rollwire.core.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
+    from rollwire.core.objectstore import LocalStore
+    from rollwire.schemas import Topics
+    from rollwire.trainer.loop import Trainer, TrainerSettings
+    topics = Topics("bench")
+    log = open_log(EmbeddedBusSettings(path=work / "log"))
+    log.create_topics(catalog_topics(topics))
+    producer = EventProducer(log.producer(), topics, name="bench")
+    for s in rollouts:
+        producer.send(topics.scored, s, key=s.rollout.group_id)
+    producer.close()
+    return Trainer(log, topics, LocalStore(work / "store"),
+                   TrainerSettings(model=model_settings, checkpoint_dir=work / "ckpt",
+                                   batch={"batch_rollouts": batch_rollouts, "max_off_policy": 10**6}, **settings))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hidden", type=int, default=256)
@@ -52,11 +71,7 @@ def main() -> None:
 
     import torch
 
-    from rollwire.core.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
-    from rollwire.core.objectstore import LocalStore
-    from rollwire.schemas import Topics
     from rollwire.trainer import losses
-    from rollwire.trainer.loop import Trainer, TrainerSettings
     from rollwire.trainer.model import ModelSettings, load_policy, resolve_device
     from rollwire.trainer.step import train_step
     from rollwire.trainer.tiny import build_char_tokenizer, build_tiny_model
@@ -82,16 +97,7 @@ def main() -> None:
         train_step(model, optimizer, loss, batch, micro_batch=16, max_grad_norm=1.0, device=device)
     baseline = tokens / (time.perf_counter() - t0)
 
-    topics = Topics("bench")
-    log = open_log(EmbeddedBusSettings(path=work / "log"))
-    log.create_topics(catalog_topics(topics))
-    producer = EventProducer(log.producer(), topics, name="bench")
-    for s in rollouts:
-        producer.send(topics.scored, s, key=s.rollout.group_id)
-    producer.close()
-    trainer = Trainer(log, topics, LocalStore(work / "store"),
-                      TrainerSettings(model=model_settings, checkpoint_dir=work / "ckpt", micro_batch_rollouts=16,
-                                      batch={"batch_rollouts": args.batch, "max_off_policy": 10**6}))
+    trainer = trainer_on_log(work, rollouts, model_settings, batch_rollouts=args.batch, micro_batch_rollouts=16)
     waits, total = 0.0, 0.0
     original = trainer.consumer.next_batch
 
