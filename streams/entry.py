@@ -44,10 +44,11 @@ def serve_scorer(log: EventLog, topics: Topics, settings: ScorerSettings, *, bus
     group_id = group_id or topics.group("scorer")
     if choose_driver(bus, driver) == "faust":
         assert isinstance(bus, KafkaBusSettings)  # choose_driver refuses faust on the embedded log
-        from rollwire.streams.faust_app import build_app, run_worker
+        from rollwire.streams.faust_app import Liveness, build_app, run_worker, scorer_inputs
         worker = _faust_settings(group_id, data_dir)
         run_worker(build_app(worker, settings, bus=bus, topics=topics), loglevel=loglevel,
-                   startup_timeout_s=worker.startup_timeout_s)
+                   startup_timeout_s=worker.startup_timeout_s,
+                   liveness=Liveness(bus, worker.app_id, scorer_inputs(topics), worker.stall_timeout_s))
         return None
     from rollwire.streams.embedded_scorer import EmbeddedScorer
     from rollwire.streams.scoring import GroupScorer
@@ -64,11 +65,12 @@ def serve_joiner(log: EventLog, topics: Topics, settings: FeedbackJoinSettings, 
     joiner = FeedbackJoiner.from_settings(settings)
     if choose_driver(bus, driver) == "faust":
         assert isinstance(bus, KafkaBusSettings)
-        from rollwire.streams.faust_app import run_worker
-        from rollwire.streams.faust_joiner import build_app
+        from rollwire.streams.faust_app import Liveness, run_worker
+        from rollwire.streams.faust_joiner import build_app, joiner_inputs
         worker = _faust_settings(group_id, data_dir)
         run_worker(build_app(worker, joiner, bus=bus, topics=topics), loglevel=loglevel,
-                   startup_timeout_s=worker.startup_timeout_s)
+                   startup_timeout_s=worker.startup_timeout_s,
+                   liveness=Liveness(bus, worker.app_id, joiner_inputs(topics), worker.stall_timeout_s))
         return None
     from rollwire.streams.embedded_joiner import EmbeddedJoiner
     return _run_in_process(EmbeddedJoiner(log, topics, joiner, group_id=group_id), stop_after_idle_s)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,7 @@ from rollwire.schemas.rollout import RolloutCompleted
 from rollwire.schemas.scorer import ScorerGroupState, ScorerTick
 from rollwire.schemas.topics import Topics
 from rollwire.streams import group_changelog
-from rollwire.streams.faust_recovery import SeekBeforeFetchTableManager
+from rollwire.streams.faust_recovery import SeekBeforeFetchRecovery, SeekBeforeFetchTableManager
 from rollwire.streams.host import Output
 from rollwire.streams.scorer_host import ScorerHost
 from rollwire.streams.scoring import GroupScorer, ScorerSettings, scoring_span
@@ -82,6 +83,11 @@ class FaustWorkerSettings(BaseModel):
     """A worker whose start (its table's recovery from the changelog) has not finished after this
     long exits with code 3 and the reason, for its supervisor to start it again. Raise it for a
     changelog that takes longer to read."""
+    stall_timeout_s: float = Field(default=120.0, gt=0)
+    """A started worker that leaves a record of a partition it owns uncommitted this long exits with
+    code 4, for its supervisor to start it again (its stream stopped with its process alive:
+    `Liveness`); the time a broker is away does not count. Raise it, with `startup_timeout_s`, for a
+    changelog whose recovery after a rebalance takes longer."""
 
 
 def message_headers(message: Any) -> list[tuple[str, bytes]]:
@@ -120,6 +126,63 @@ def table_event(table: Any, key: bytes, codec: Codec, what: str) -> Any:
         logger.error("%s value under %r does not decode, forgetting it: %s", what, key, exc)
         table.pop(key, None)
         return None
+
+
+class Liveness:
+    """Whether a worker's agent keeps up with its input, judged from the broker: the records on a
+    partition the worker owns past its consumer group's committed offset are taken and committed
+    within seconds by a healthy agent. A record that has waited `stall_timeout_s` is a worker whose
+    stream stopped while its process lives on: a restarted scorer was seen (chaos run, 2026-12-05)
+    to read its ticks and never again its rollouts, every rollout of the run waiting on it.
+
+    A check that cannot reach the broker, or that took long (an outage), starts the watch over:
+    records wait while the broker is away, through no fault of the worker's."""
+
+    SLOW_CHECK_S = 5.0
+    """A check longer than this met a broker in trouble: what it saw does not count."""
+
+    def __init__(self, bus: KafkaBusSettings, group_id: str, topics: list[str], stall_timeout_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.group_id, self.topics, self.stall_timeout_s, self.clock = group_id, topics, stall_timeout_s, clock
+        self.bus = bus.model_copy(update={"outage_s": min(bus.outage_s, self.SLOW_CHECK_S)})  # a check waits no longer
+        self._log: Any = None
+        self._waiting: dict[tuple[str, int], tuple[int, float]] = {}
+        """Per owned partition: its end offset when first seen ahead of the committed one, and when."""
+
+    def observe(self, ends: dict[tuple[str, int], int], committed: dict[tuple[str, int], int],
+                owned: set[tuple[str, int]]) -> float:
+        """Takes one look at the owned partitions' end and committed offsets; returns how long the
+        oldest record not yet committed has been seen waiting (0 when none)."""
+        now = self.clock()
+        for tp in list(self._waiting):
+            end, _since = self._waiting[tp]
+            if tp not in owned or committed.get(tp, 0) >= end:
+                del self._waiting[tp]
+        for tp in owned:
+            if tp not in self._waiting and tp in ends and ends[tp] > committed.get(tp, 0):
+                self._waiting[tp] = (ends[tp], now)
+        return max((now - since for _end, since in self._waiting.values()), default=0.0)
+
+    def forget(self) -> None:
+        self._waiting.clear()
+
+    def check(self, owned: set[tuple[str, int]]) -> float:
+        """`observe` on what the cluster says now; 0 when it cannot say."""
+        from rollwire.core.bus import open_log
+        started = self.clock()
+        try:
+            if self._log is None:
+                self._log = open_log(self.bus)
+            ends = {(t, p): o for t in self.topics for p, o in self._log.end_offsets(t).items()}
+            committed = {(t, p): o for t in self.topics for p, o in self._log.committed(self.group_id, t).items()}
+        except Exception as exc:  # a broker away, a topic not there yet: no verdict
+            logger.debug("liveness check of %s failed: %s", self.group_id, exc)
+            self.forget()
+            return 0.0
+        if self.clock() - started > self.SLOW_CHECK_S:
+            self.forget()
+            return 0.0
+        return self.observe(ends, committed, owned)
 
 
 def add_ticks(app: faust.App, topic: Any, partitions: int, settings: FaustWorkerSettings, codec: Codec) -> None:
@@ -221,7 +284,9 @@ def build_app(settings: FaustWorkerSettings, scorer_settings: ScorerSettings, *,
             else:
                 groups[key.encode()] = codec.encode(record, producer=settings.app_id)
 
-    @app.agent(app.topic(topics.rollouts, topics.name("scorer-ticks"), **raw), concurrency=1)
+    add_ticks(app, ticks_topic, partitions, settings, codec)
+
+    @app.agent(app.topic(*scorer_inputs(topics), **raw), concurrency=1)
     async def score(stream) -> None:
         # faust acks a batch's records after the loop body ran for it, so the offsets committed
         # never pass a record whose outputs and table changes were not yet sent.
@@ -254,20 +319,29 @@ def build_app(settings: FaustWorkerSettings, scorer_settings: ScorerSettings, *,
             await send("deadletter", dead_letter_for(record, f"{decoded.type} does not belong on {record.topic}",
                                                      stage="process", component="scorer"), record.topic)
 
-    add_ticks(app, ticks_topic, partitions, settings, codec)
     return app
 
 
 STARTUP_FAILED = 3
 """Exit code of a worker that did not finish starting within `startup_timeout_s`."""
+STALLED = 4
+"""Exit code of a started worker whose agent took no record for `stall_timeout_s` (`Liveness`)."""
 
 
-def run_worker(app: faust.App, loglevel: str = "warning", *, startup_timeout_s: float | None = None) -> None:
-    """Runs the faust worker in this process until SIGTERM or Ctrl-C; past `startup_timeout_s`
+def scorer_inputs(topics: Topics) -> list[str]:
+    """The topics the scorer's agent reads."""
+    return [topics.rollouts, topics.name("scorer-ticks")]
+
+
+def run_worker(app: faust.App, loglevel: str = "warning", *, startup_timeout_s: float | None = None,
+               liveness: Liveness | None = None) -> None:
+    """Runs the faust worker in this process until SIGTERM or Ctrl-C. Past `startup_timeout_s`
     without having started (faust starts an app's tasks once its tables are recovered), it exits
-    with `STARTUP_FAILED`. A restarted scorer was seen once (chaos run, 2026-12-03) to stay in
-    recovery for good, its consumer group stable with every partition its own: exiting hands it
-    back to its supervisor, which starts it again. faust's recovery logs at INFO, for the record."""
+    with `STARTUP_FAILED`; started, once `liveness` has seen a record wait its `stall_timeout_s`,
+    with `STALLED`. A restarted scorer was seen to stay in recovery for good (chaos run, 2026-12-03),
+    and another to start and never read a partition (2026-12-05), its consumer group stable and
+    every rollout waiting on it: exiting hands the worker back to its supervisor, which starts it
+    again. faust's recovery logs at INFO, for the record."""
     from faust.worker import Worker
     started = threading.Event()
 
@@ -275,17 +349,31 @@ def run_worker(app: faust.App, loglevel: str = "warning", *, startup_timeout_s: 
     async def mark_started() -> None:
         started.set()
 
-    def exit_unless_started() -> None:
-        if not started.wait(startup_timeout_s):
-            logger.error("faust worker %s did not finish starting within %.0f s (its tables' recovery never "
-                         "completed): exiting with code %d so that its supervisor starts it again",
-                         app.conf.id, startup_timeout_s, STARTUP_FAILED)
-            logging.shutdown()
-            os._exit(STARTUP_FAILED)
+    def give_up(code: int, reason: str, *args: object) -> None:
+        logger.error(reason + ": exiting with code %d so that its supervisor starts it again", *args, code)
+        logging.shutdown()
+        os._exit(code)
 
-    if startup_timeout_s is not None:
-        threading.Thread(target=exit_unless_started, name="startup-watchdog", daemon=True).start()
-    logging.getLogger("faust.tables.recovery").setLevel(logging.INFO)
+    def watch() -> None:
+        if not started.wait(startup_timeout_s):
+            give_up(STARTUP_FAILED, "faust worker %s did not finish starting within %.0f s (its tables' recovery "
+                    "never completed)", app.conf.id, startup_timeout_s)
+        if liveness is None:
+            return
+        while True:
+            time.sleep(min(5.0, liveness.stall_timeout_s / 4))
+            try:
+                owned = {(tp.topic, tp.partition) for tp in set(app.consumer.assignment())}
+            except RuntimeError:  # the assignment changed under us: look again
+                continue
+            if (stalled := liveness.check(owned)) > liveness.stall_timeout_s:
+                give_up(STALLED, "faust worker %s left a record of a partition it owns uncommitted for %.0f s (its "
+                        "stream stopped)", app.conf.id, stalled)
+
+    if startup_timeout_s is not None or liveness is not None:
+        threading.Thread(target=watch, name="worker-watchdog", daemon=True).start()
+    for recovery in ("faust.tables.recovery", SeekBeforeFetchRecovery.__module__):  # a service logs as its module
+        logging.getLogger(recovery).setLevel(logging.INFO)
     worker = Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
     # faust's start-up spinner turns the root logger to DEBUG so that it spins on every record:
     # every library's debug call then builds a LogRecord (a tenth of the worker's time, measured).

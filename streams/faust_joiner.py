@@ -82,6 +82,11 @@ class TableReceipts:
         return found
 
 
+def joiner_inputs(topics: Topics) -> list[str]:
+    """The topics the joiner's agents read."""
+    return [topics.served, topics.feedback, topics.name("joiner-in")]
+
+
 def build_app(settings: FaustWorkerSettings, joiner: FeedbackJoiner, *, bus: KafkaBusSettings,
               topics: Topics, sink: Sink | None = None) -> faust.App:
     """A faust app with the routing and joining agents (feeding a `JoinerHost`), the tick timer and
@@ -160,6 +165,8 @@ def build_app(settings: FaustWorkerSettings, joiner: FeedbackJoiner, *, bus: Kaf
                 await joiner_in.send(key=receipt.encode(), value=record.value, headers=list(record.headers),
                                      partition=host.partition_of(receipt))
 
+    add_ticks(app, joiner_in, partitions, settings, codec)
+
     @app.agent(joiner_in, concurrency=1)
     async def join(stream) -> None:
         # faust acks a batch's records after the loop body ran for it: the offsets committed never
@@ -184,5 +191,4 @@ def build_app(settings: FaustWorkerSettings, joiner: FeedbackJoiner, *, bus: Kaf
         else:
             await send_all(joined)
 
-    add_ticks(app, joiner_in, partitions, settings, codec)
     return app

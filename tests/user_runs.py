@@ -73,20 +73,26 @@ def short_recipe(name: str, steps: int, *, replicas: int = 1, env_workers: int =
 
 
 def served_logprob_gaps(log, rollouts_topic: str, weights_root: Path) -> dict[int, float]:
-    """For one rollout sampled wholly on each published version (1 and up): the largest gap between
-    the logprobs the replica served and those of that version's weights in the store, by version."""
+    """For each published version (1 and up), the first rollout that has tokens sampled by it: the
+    largest gap, over those tokens, between the logprobs the replica served and those of that
+    version's weights in the store. A rollout a hot reload split counts for both of its versions,
+    each over its own span, so a token put down to the wrong version shows as a gap."""
     from reference import transformers_logprobs
 
     from rollwire.core.bus import HeldDeadLetters, read_to_end
-    first: dict[int, object] = {}
+    first: dict[int, tuple[object, int, int]] = {}
     for delivery in read_to_end(log, [rollouts_topic], HeldDeadLetters()):
         rollout = delivery.event
-        spans = rollout.weight_versions
-        if rollout.error is None and len(spans) == 1 and spans[0].version >= 1:
-            first.setdefault(spans[0].version, rollout)
-    return {version: max(abs(a - b) for a, b in zip(rollout.completion_logprobs, transformers_logprobs(
-                weights_root / "policy" / f"v{version:08d}", rollout.prompt_token_ids, rollout.completion_token_ids)))
-            for version, rollout in sorted(first.items())}
+        if rollout.error is None:
+            for span in rollout.weight_versions:
+                if span.version >= 1 and span.end > span.start:
+                    first.setdefault(span.version, (rollout, span.start, span.end))
+    gaps = {}
+    for version, (rollout, start, end) in sorted(first.items()):
+        stored = transformers_logprobs(weights_root / "policy" / f"v{version:08d}", rollout.prompt_token_ids,
+                                       rollout.completion_token_ids)
+        gaps[version] = max(abs(a - b) for a, b in zip(rollout.completion_logprobs[start:end], stored[start:end]))
+    return gaps
 
 
 def recipe_file(folder: Path, name: str, steps: int, **shape) -> Path:

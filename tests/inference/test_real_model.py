@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "smollm2-135m-arithmetic.toml"
 STEPS = 5
-"""Versions 1-3 each sample some rollouts wholly before the run ends (two steps off-policy at most)."""
+"""Versions 1-4 each sample tokens that a later step trains (two steps off-policy at most)."""
 
 CONVERSATION = [
     {"role": "system", "content": "You are a shop assistant. Tools answer as the tool role."},
@@ -72,8 +72,11 @@ def served(smollm2, tmp_path_factory) -> Iterator[VllmServer]:
 
 
 def test_the_run_serves_each_version_with_the_logprobs_of_the_trainers_weights(real_run):
-    """After each full-weight hot reload of the 135M model, a rollout sampled wholly on that version
-    scores the same under that version's stored weights, within 1e-3 nats."""
+    """After each full-weight hot reload of the 135M model, the tokens that version sampled score
+    the same under its stored weights, within 1e-3 nats: most rollouts are split by a reload (a
+    step takes about one generation), each version's span compared on its own. (Measured: 3e-5 at
+    most; the neighbouring versions' weights are 0.1 nats off, so a token put down to the wrong
+    version would show.)"""
     from rollwire.core.bus import EmbeddedBusSettings, open_log
     run_dir = real_run["run_dir"]
     assert "imported" in real_run["output"] and "LlamaForCausalLM, 30 layers, hidden 576, vocabulary 49,152" \
@@ -82,7 +85,7 @@ def test_the_run_serves_each_version_with_the_logprobs_of_the_trainers_weights(r
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     with open_log(EmbeddedBusSettings(path=run_dir / "log")) as log:
         gaps = served_logprob_gaps(log, "smollm2-arithmetic.rollouts", run_dir / "weights")
-    assert {1, 2, 3} <= gaps.keys() and max(gaps.values()) < 1e-3, gaps
+    assert set(range(1, STEPS)) <= gaps.keys() and max(gaps.values()) < 1e-3, gaps
     print("\nSmolLM2-135M in rollwire run: served vs stored weights' logprobs, largest gap per version: "
           + ", ".join(f"v{v} {g:.1e}" for v, g in gaps.items()))
 
