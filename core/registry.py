@@ -37,9 +37,9 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from rollwire.core.errors import ConfigError
 
@@ -266,3 +266,29 @@ def validation_problems(exc: ValidationError, valid: list[str], noun: str) -> li
         else:
             problems.append(f"{noun} {field!r}: {error['msg']}")
     return problems
+
+
+class NamedSpec(BaseModel):
+    """A registered function chosen in settings by its name, its options beside the name
+    (`{ name = "icepop", lower = 0.5 }`), checked against the function's keyword parameters when
+    the settings load. A subclass says which registry (`registry`) and what the reader calls such a
+    function (`kind`); the function's first `skip` parameters are what it is applied to."""
+
+    model_config = ConfigDict(extra="allow")
+    kind: ClassVar[str]
+    registry: ClassVar[Registry]
+    skip: ClassVar[int] = 1
+
+    name: str
+    """The registered name."""
+
+    def options(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+    def function(self) -> Callable[..., Any]:
+        return self.registry.get(self.name)
+
+    @model_validator(mode="after")
+    def _known(self) -> NamedSpec:
+        check_options(f"{self.kind} {self.name}", self.function(), self.options(), skip=self.skip)
+        return self

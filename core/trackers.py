@@ -73,6 +73,8 @@ def step_metrics(event: TrainStepCompleted, produced_at_ms: int) -> dict:
             "loss": event.loss, "rollouts": len(event.rollout_ids), "num_tokens": event.num_tokens,
             "grad_norm": event.grad_norm, "staleness_max": staleness.max if staleness else None,
             "staleness_mean": staleness.mean if staleness else None, "drops": event.drops,
+            **{f"staleness/{k}": v for k, v in (staleness.model_dump(exclude={"min", "mean", "max"}) if staleness
+                                                else {}).items() if v is not None},
             **{f"reward/{k}": v for k, v in event.rewards_mean.items()},
             **{f"metric/{k}": v for k, v in event.metrics_mean.items()},
             **{f"loss/{k}": v for k, v in event.loss_metrics.items()},

@@ -15,8 +15,10 @@ from rollwire.schemas.base import Event, Part, now_ms
 DropReason = Literal["stale", "invalid", "group_timeout", "errored", "duplicate", "unjoinable", "overflow"]
 """Why rollouts were dropped (`RolloutsDropped.reason`)."""
 
+
 class Staleness(Part):
-    """Policy-version lag of a batch: trainer version minus each sample's oldest sampling version."""
+    """Policy-version lag of a batch: trainer version minus each sample's oldest sampling version,
+    and what the lag does to which rollouts are trained."""
 
     min: int = Field(ge=0)
     """Smallest lag in the batch."""
@@ -24,6 +26,17 @@ class Staleness(Part):
     """Mean lag over the batch's rollouts."""
     max: int = Field(ge=0)
     """Largest lag in the batch (never above `max_off_policy`)."""
+    token_mean: float | None = Field(default=None, ge=0.0)
+    """Mean lag over the batch's completion tokens, each token's from the version that sampled it
+    (a rollout a reload split is partly fresher than its oldest token says)."""
+    split_share: float | None = Field(default=None, ge=0.0, le=1.0)
+    """Share of the batch's rollouts sampled across more than one version (a reload mid-rollout)."""
+    completion_tokens_mean: float | None = Field(default=None, ge=0.0)
+    """Mean completion length of the batch's rollouts."""
+    stale_completion_tokens_mean: float | None = Field(default=None, ge=0.0)
+    """Mean completion length of the rollouts dropped as stale since the previous step; None when
+    none were. Above `completion_tokens_mean`, dropping stale work is starving the long rollouts
+    (they take longest to sample, so they are the likeliest to fall behind)."""
 
 
 class TrainStepCompleted(Event):

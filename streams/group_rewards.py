@@ -18,12 +18,10 @@ import concurrent.futures
 import functools
 import itertools
 from collections.abc import Callable, Sequence
-from typing import Any
-
-from pydantic import BaseModel, ConfigDict, model_validator
+from typing import ClassVar
 
 from rollwire.core.errors import ConfigError
-from rollwire.core.registry import Registry, check_options
+from rollwire.core.registry import NamedSpec, Registry
 from rollwire.producers.judges import JudgeSettings, LlmJudge
 from rollwire.schemas.rollout import RolloutCompleted
 
@@ -38,28 +36,18 @@ def group_reward(name: str) -> Callable[[GroupReward], GroupReward]:
     return GROUP_REWARDS.register(name)
 
 
-class GroupRewardSpec(BaseModel):
-    """One group reward applied to an environment: its registered name and options, checked against
-    the function's keyword parameters when the settings load."""
+class GroupRewardSpec(NamedSpec):
+    """One group reward applied to an environment: its registered name (e.g. `shortest_correct`)
+    and options, checked against the function's keyword parameters when the settings load."""
 
-    model_config = ConfigDict(extra="allow")
-
-    name: str
-    """Registered group reward name, e.g. `shortest_correct`."""
-
-    def params(self) -> dict[str, Any]:
-        return dict(self.model_extra or {})
-
-    @model_validator(mode="after")
-    def _known(self) -> GroupRewardSpec:
-        check_options(f"group reward {self.name}", GROUP_REWARDS.get(self.name), self.params(), skip=1)
-        return self
+    kind: ClassVar[str] = "group reward"
+    registry: ClassVar[Registry] = GROUP_REWARDS
 
 
 def resolve(spec: GroupRewardSpec) -> Callable[[Sequence[RolloutCompleted]], list[float]]:
     """The configured function, parameters bound."""
-    fn = GROUP_REWARDS.get(spec.name)
-    params = spec.params()
+    fn = spec.function()
+    params = spec.options()
     return lambda group: fn(group, **params)
 
 

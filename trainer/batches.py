@@ -86,6 +86,8 @@ class BatchConsumer:
         self._production_pending = 0
         """How many of `_pending` are production samples (recounted whenever `_pending` is rebuilt)."""
         self._read: dict[tuple[str, int], int] = {}
+        self._stale_lengths: list[int] = []
+        """Completion lengths of the rollouts dropped as stale since the last batch."""
 
     def next_batch(self, policy_version: int, timeout_s: float = 1.0) -> Batch | None:
         """A full batch, or None if not enough usable rollouts arrived within `timeout_s`
@@ -102,13 +104,32 @@ class BatchConsumer:
         self._pending = collections.deque(d for d in self._pending if id(d) not in taken)
         self._recount_production()
         environment = [d for d in chosen if d.event.production is None] or chosen
-        lags = [self.staleness_of(d.event.rollout, policy_version) for d in environment]
         batch = Batch(rollouts=[d.event for d in chosen], headers=[d.record.headers for d in chosen],
-                      staleness=Staleness(min=min(lags), mean=sum(lags) / len(lags), max=max(lags)),
+                      staleness=self._staleness([d.event.rollout for d in environment], policy_version),
                       drops={k: list(v) for k, v in self.drops.items()})
         self.drops.clear()
+        self._stale_lengths.clear()
         self._advance_positions()
         return batch
+
+    def _staleness(self, rollouts: Sequence[RolloutCompleted], policy_version: int) -> Staleness:
+        lags = [self.staleness_of(r, policy_version) for r in rollouts]
+        token_lags = [(max(0, policy_version - span.version), span.end - span.start)
+                      for r in rollouts for span in r.weight_versions]
+        tokens = sum(n for _lag, n in token_lags)
+        stale = self._stale_lengths
+        return Staleness(
+            min=min(lags), mean=sum(lags) / len(lags), max=max(lags),
+            token_mean=sum(lag * n for lag, n in token_lags) / tokens if tokens else None,
+            split_share=sum(len({s.version for s in r.weight_versions}) > 1 for r in rollouts) / len(rollouts),
+            completion_tokens_mean=sum(len(r.completion_token_ids) for r in rollouts) / len(rollouts),
+            stale_completion_tokens_mean=sum(stale) / len(stale) if stale else None)
+
+    def _drop_stale(self, scored: ScoredRollout) -> None:
+        self.drops["stale_production" if scored.production else "stale"].append(scored.rollout.rollout_id)
+        self.counts["stale"] += 1
+        if scored.production is None:
+            self._stale_lengths.append(len(scored.rollout.completion_token_ids))
 
     def _choose(self) -> tuple[list[Delivery], bool]:
         """The pending samples the next batch takes, oldest first (production ones up to the mix's
@@ -164,8 +185,7 @@ class BatchConsumer:
             self.counts["dead_lettered"] += 1
             return
         if self._stale(scored, policy_version, now_ms()):
-            self.drops["stale_production" if scored.production else "stale"].append(rollout.rollout_id)
-            self.counts["stale"] += 1
+            self._drop_stale(scored)
             return
         self._pending.append(delivery)
         if scored.production is not None:
@@ -185,9 +205,7 @@ class BatchConsumer:
         now = now_ms()
         for delivery in self._pending:
             if self._stale(delivery.event, policy_version, now):
-                self.drops["stale_production" if delivery.event.production else "stale"].append(
-                    delivery.event.rollout.rollout_id)
-                self.counts["stale"] += 1
+                self._drop_stale(delivery.event)
             else:
                 keep.append(delivery)
         self._pending = keep

@@ -34,11 +34,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, ClassVar
 
-from pydantic import BaseModel, ConfigDict, model_validator
-
-from rollwire.core.registry import Registry, check_options
+from rollwire.core.registry import NamedSpec, Registry
 
 if TYPE_CHECKING:
     import torch
@@ -115,21 +113,12 @@ def measure(x: Ratios) -> tuple[torch.Tensor, dict[str, float]]:
         "ratio_abs_log_mean": x.token_mean(x.log_ratio.abs()), "ratio_geometric_mean": x.token_mean(geometric)}
 
 
-class CorrectionSpec(BaseModel):
-    """One correction: its registered name and options, checked when the settings load."""
+class CorrectionSpec(NamedSpec):
+    """One correction: its registered name (token_tis, sequence_mis, geo_rs, icepop, measure) and
+    options, checked when the settings load."""
 
-    model_config = ConfigDict(extra="allow")
-
-    name: str
-    """Registered correction: token_tis, sequence_mis, geo_rs, icepop, measure."""
-
-    def options(self) -> dict[str, Any]:
-        return dict(self.model_extra or {})
-
-    @model_validator(mode="after")
-    def _known(self) -> CorrectionSpec:
-        check_options(f"off-policy correction {self.name}", CORRECTIONS.get(self.name), self.options(), skip=1)
-        return self
+    kind: ClassVar[str] = "off-policy correction"
+    registry: ClassVar[Registry] = CORRECTIONS
 
 
 def apply(specs: Sequence[CorrectionSpec], x: LossInputs) -> tuple[LossInputs, dict[str, float]]:
@@ -140,7 +129,7 @@ def apply(specs: Sequence[CorrectionSpec], x: LossInputs) -> tuple[LossInputs, d
                     num_tokens=x.num_tokens)
     mask, metrics = x.mask, {}
     for spec in specs:
-        weight, found = CORRECTIONS.get(spec.name)(ratios, **spec.options())
+        weight, found = spec.function()(ratios, **spec.options())
         mask = mask * weight
         metrics.update(found)
     return replace(x, mask=mask), metrics

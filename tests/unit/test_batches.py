@@ -104,3 +104,27 @@ def test_production_samples_past_max_pending_are_dropped_oldest_first_and_counte
     assert dropped.detail == "more than 3 production samples waited for room in a batch"
     consumer.close()
     producer.close()
+
+
+def test_a_batch_reports_token_weighted_age_split_rollouts_and_the_lengths_dropping_stale_work_costs(tmp_path):
+    from rollwire.schemas import WeightVersionSpan
+    log, topics, producer = scored_log(tmp_path, "s")
+    long_stale = [trainable(i, version=0, completion=[7] * 20) for i in range(2)]  # 20 tokens, sampled at 0
+    split = trainable(2, version=2, completion=[7] * 10)  # tokens 0-3 at version 2, 4-9 at version 3
+    spans = [WeightVersionSpan(version=2, start=0, end=4), WeightVersionSpan(version=3, start=4, end=10)]
+    split = split.model_copy(update={"rollout": split.rollout.model_copy(update={"weight_versions": spans})})
+    fresh = trainable(3, version=3, completion=[7] * 6)
+    for scored in (*long_stale, split, fresh):
+        producer.send(topics.scored, scored, key="g")
+    producer.flush()
+    consumer = BatchConsumer(log, topics, BatchSettings(batch_rollouts=2, max_off_policy=1), vocab_size=82)
+
+    batch = consumer.next_batch(policy_version=3)
+    staleness = batch.staleness
+    assert batch.drops == {"stale": ["r0", "r1"]}
+    assert (staleness.min, staleness.mean, staleness.max) == (0, 0.5, 1)  # by each rollout's oldest token
+    assert staleness.token_mean == 4 / 16  # 4 of the 16 tokens one version behind, 12 fresh
+    assert staleness.split_share == 0.5
+    assert staleness.completion_tokens_mean == 8 and staleness.stale_completion_tokens_mean == 20
+    consumer.close()
+    producer.close()
