@@ -100,8 +100,16 @@ def layout(rollouts: Sequence[RolloutCompleted | TokenSequence], device: torch.d
 
 
 def token_logprobs(model, batch: TokenBatch) -> torch.Tensor:
-    """log p(completion token | everything before it), [B, C], in float32."""
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits  # [B, L, V]
-    picked = torch.gather(logits, 1, batch.gather_from.unsqueeze(-1).expand(-1, -1, logits.size(-1)))  # [B, C, V]
+    """log p(completion token | everything before it), [B, C], in float32. The output layer runs
+    only from the first position that predicts a completion token (`logits_to_keep`, where the
+    model takes it): with a large vocabulary, the prompts' logits are much of a step's cost."""
+    first = int(batch.gather_from[:, 0].min())  # a row's first completion position (0 for an empty one)
+    keep = batch.input_ids.size(1) - first
+    try:
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=keep).logits
+    except TypeError:  # a model whose forward does not take it: every position's logits
+        logits, first = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits, 0
+    positions = (batch.gather_from - first).clamp(min=0)  # padding (gather 0) lands anywhere: it is masked
+    picked = torch.gather(logits, 1, positions.unsqueeze(-1).expand(-1, -1, logits.size(-1)))  # [B, C, V]
     logprobs = torch.log_softmax(picked.float(), dim=-1)
     return torch.gather(logprobs, 2, batch.targets.unsqueeze(-1)).squeeze(-1)

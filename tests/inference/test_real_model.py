@@ -20,8 +20,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "smollm2-135m-arithmetic.toml"
-STEPS = 5
-"""Versions 1-4 each sample tokens that a later step trains (two steps off-policy at most)."""
+STEPS = 4
+"""Three full-weight reloads: versions 1-3 each sample tokens before the run ends."""
 
 CONVERSATION = [
     {"role": "system", "content": "You are a shop assistant. Tools answer as the tool role."},

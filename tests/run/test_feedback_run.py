@@ -91,9 +91,13 @@ def _events(run: dict, topic: str) -> list:
         return out
 
 
-@pytest.fixture(scope="module", params=["embedded", pytest.param("kafka", marks=pytest.mark.kafka)])
+@pytest.fixture(scope="module", params=[pytest.param("kafka", marks=pytest.mark.kafka)])
 def feedback_run(request, tmp_path_factory) -> dict:
-    """One run with production feedback on each log: on Kafka the joiner is the faust worker."""
+    """One run with production feedback, on Kafka (the joiner the faust worker, the weights in S3).
+    The embedded log's run is not repeated here, to keep CI in its budget: the embedded joiner is
+    tested killed and restarted (`tests/integration/test_feedback_joiner.py`), and the embedded
+    run's loop by the demo and `test_run.py`. `params` keeps the mode in the test's id; add
+    "embedded" to run both."""
     from openai import OpenAI
     folder = tmp_path_factory.mktemp("feedback-run")
     name = f"prod{uuid.uuid4().hex[:8]}"

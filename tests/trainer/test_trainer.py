@@ -50,6 +50,21 @@ def settings(tmp_path, tiny_policy, **batch) -> TrainerSettings:
                            checkpoint_dir=tmp_path / "ckpt", batch={"batch_rollouts": 4, "max_off_policy": 1, **batch})
 
 
+def test_the_logprobs_from_the_completion_positions_only_equal_every_positions(tiny_policy):
+    """`token_logprobs` runs the output layer from the first completion position (`logits_to_keep`);
+    prompts of different lengths, and a short completion padded, give what the full logits give."""
+    model = load_policy(ModelSettings(path=str(tiny_policy)))
+    rollouts = [scored(i, prompt=[1] + [7] * (3 + 4 * i)).rollout for i in range(3)]
+    tokens = layout(rollouts, torch.device("cpu"))
+    with torch.no_grad():
+        kept = token_logprobs(model, tokens)
+        logits = model(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask).logits
+        every = torch.log_softmax(logits.float(), -1).gather(1, tokens.gather_from[..., None].expand(
+            -1, -1, logits.size(-1))).gather(2, tokens.targets[..., None])[..., 0]
+    assert torch.allclose(kept * tokens.mask, every * tokens.mask, atol=1e-5)
+    assert len({len(r.prompt_token_ids) for r in rollouts}) == 3
+
+
 def test_a_few_steps_on_a_fixed_batch_reduce_the_loss(tiny_policy):
     model = load_policy(ModelSettings(path=str(tiny_policy)))
     batch = [scored(i) for i in range(8)]
