@@ -62,6 +62,7 @@ logger = logging.getLogger(__name__)
 
 ENTRY = Path(__file__).with_name("sandbox_entry.py")
 OWNER_LABEL = "rollwire.sandbox.owner"
+RETIRE_TIMEOUT_S = 30.0  # a waiting pool container's client, given end of input at close, ends within it
 """Label on every rollout container: `<host>:<worker pid>`, so a later worker can remove a dead one's."""
 NO_ROUTE = re.compile(r"Network is unreachable|Temporary failure in name resolution|Name or service not known|"
                       r"No address associated|Connection refused|Cannot assign requested address")
@@ -230,6 +231,17 @@ class Container(Runtime):
         started.process.communicate()
         self._call("rm", "-f", "-v", started.name)
 
+    def _retire(self, started: _Started) -> None:
+        """Ends a pool container that got no rollout. Its client is given end of input rather than
+        killed: killed while its create request is in flight, it would leave a container that the
+        engine makes only after the listing in `close` (one was found left in CI)."""
+        try:
+            started.process.communicate("", timeout=RETIRE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            started.process.kill()
+            started.process.communicate()
+        self._call("rm", "-f", "-v", started.name)
+
     def _answer(self, done: subprocess.CompletedProcess, timeout_s: float, interceptor: Interceptor) -> str:
         lines = done.stdout.strip().splitlines()
         try:
@@ -292,8 +304,7 @@ class Container(Runtime):
         with self._lock:
             waiting, self._pool = list(self._pool), deque()
         for started in waiting:
-            started.result().process.kill()
-            started.result().process.communicate()
+            self._retire(started.result())
         self._starter.shutdown(wait=True)
         self._remover.shutdown(wait=True)
         listed = self._call("ps", "-aq", "--filter", f"label={OWNER_LABEL}={self.owner}")

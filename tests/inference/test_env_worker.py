@@ -238,8 +238,11 @@ def test_one_worker_runs_each_environment_with_the_harness_and_runtime_its_setup
     assert sorted(env for env, _ in where) == ["calculator"] * 2 + ["reverse-digits"] * 2
     assert {int(pid) == os.getpid() for env, pid in where if env == "reverse-digits"} == {True}  # in process
     assert {int(pid) == os.getpid() for env, pid in where if env == "calculator"} == {False}  # in its subprocess
-    # the agent program's two model calls (a tool result between them) are both in its rollouts
-    assert all(r.loss_mask.count(0) > 0 for r in rollouts if r.environment == "math-word")
+    # the agent program's two model calls (a tool result between them) are both in its rollouts: on one
+    # line, or the second on a branch where the random model's first reply does not re-tokenize as sampled
+    # (the tiny test tokenizer's BPE has other spellings of the same text)
+    assert all(r.loss_mask.count(0) > 0 or r.metrics["rollwire.branched_calls"] == 1.0
+               for r in rollouts if r.environment == "math-word"), [(r.loss_mask, r.metrics) for r in rollouts]
 
 
 NO_BRANCH = {"rollwire.branched_calls": 0.0, "rollwire.untrained_tokens": 0.0}
