@@ -54,7 +54,7 @@ def reload_check(folder: Path) -> tuple[float, float]:
     worst, swaps = 0.0, []
     try:
         for i, weights in enumerate(versions[1:], 1):
-            swaps.append(server.control.swap_full_weights(str(weights), str(i)))
+            swaps.append(server.control.swap_full_weights(str(weights), str(i)).paused_s)
             choice = server.control.generate(prompt, max_tokens=16, seed=i, ignore_eos=True)["choices"][0]
             served = [c["logprob"] for c in choice["logprobs"]["content"]]
             reference = transformers_logprobs(weights, prompt, choice["token_ids"])

@@ -38,7 +38,7 @@ def publish_to_serving(versions: list[Path], trials: int, work: Path, *, max_mod
     from rollwire.core.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
     from rollwire.core.objectstore import S3Store
     from rollwire.core.weight_versions import publish
-    from rollwire.schemas import Topics, WeightsPublished
+    from rollwire.schemas import Topics
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
@@ -60,8 +60,7 @@ def publish_to_serving(versions: list[Path], trials: int, work: Path, *, max_mod
 
     def to_serving(trial: int, published) -> tuple[float, object]:
         t0 = time.perf_counter()
-        trainer.send(topics.weights, WeightsPublished(version=trial, step=trial, uri=published.uri,
-                                                      manifest_sha256=published.manifest_sha256), key="policy")
+        trainer.send(topics.weights, published.event(), key="policy")
         trainer.flush()
         statuses = []
         while not statuses:
@@ -91,9 +90,10 @@ def publish_to_serving(versions: list[Path], trials: int, work: Path, *, max_mod
             else:
                 total, status = to_serving(trial, published)
                 raw = raw_download(trial)
-            rows.append((total, status.download_s, status.swap_s, raw))
+            rows.append((total, status.download_s, status.swap_s, raw, status.drain_s, status.apply_s))
             print(f"version {trial}: publish-to-serving {total * 1000:7.1f} ms (download+verify "
-                  f"{status.download_s * 1000:6.1f} ms, swap {status.swap_s * 1000:6.1f} ms); "
+                  f"{status.download_s * 1000:6.1f} ms, paused {status.swap_s * 1000:6.1f} ms: drain "
+                  f"{status.drain_s * 1000:5.1f}, apply {status.apply_s * 1000:5.1f}); "
                   f"raw download+read {raw * 1000:6.1f} ms", flush=True)
     finally:
         server.stop()
@@ -118,11 +118,12 @@ def main() -> None:
     size_mb = sum(f.stat().st_size for f in versions[1].glob("*.safetensors")) / 1e6
     print(f"checkpoint: hidden {args.hidden}, {args.layers} layers, {size_mb:.1f} MB of safetensors")
     rows = publish_to_serving(versions, args.trials, work)
-    total, download, swap, raw = (statistics.median(c) for c in zip(*rows))
+    total, download, swap, raw, drain, apply = (statistics.median(c) for c in zip(*rows))
     print(f"median of {len(rows)}: publish-to-serving {total * 1000:.1f} ms, raw download+read {raw * 1000:.1f} ms, "
           f"ratio {total / raw:.2f}")
     print(f"RESULT checkpoint_mb={size_mb:.3g} publish_to_serving_ms={total * 1000:.4g} "
-          f"download_verify_ms={download * 1000:.4g} swap_ms={swap * 1000:.4g} raw_download_read_ms={raw * 1000:.4g} "
+          f"download_verify_ms={download * 1000:.4g} pause_ms={swap * 1000:.4g} drain_ms={drain * 1000:.4g} "
+          f"apply_ms={apply * 1000:.4g} raw_download_read_ms={raw * 1000:.4g} "
           f"ratio_vs_raw={total / raw:.3g}")
 
 

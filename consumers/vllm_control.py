@@ -22,12 +22,25 @@ import functools
 import json
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from rollwire.consumers.vllm_worker import EXTENSION
 from rollwire.core.errors import RollwireError
 from rollwire.core.http import HttpError, JsonClient
 from rollwire.producers.tool_calls import ToolCallFormat, format_written
+
+
+@dataclass(frozen=True)
+class SwapTimes:
+    """Where a swap's pause went, in seconds."""
+
+    drain_s: float
+    """Step 1: until the engine stopped scheduling (the step it was running ends first)."""
+    apply_s: float
+    """Step 2: the reload."""
+    paused_s: float
+    """Steps 1-5: from the pause request until generation resumed."""
 
 
 class VllmError(RollwireError):
@@ -74,16 +87,18 @@ class VllmControl:
     def resume(self) -> None:
         self._request("POST", "/resume")
 
-    def swap_full_weights(self, weights_dir: str, version_label: str) -> float:
-        """Steps 1-5 above; returns the seconds generation was paused."""
+    def swap_full_weights(self, weights_dir: str, version_label: str) -> SwapTimes:
+        """Steps 1-5 above; returns where the pause went."""
+        started = time.perf_counter()
         # Step 1
         self.pause("keep")
-        started = time.perf_counter()
+        drained = time.perf_counter()
         try:
             # Step 2
             try:
                 self._request("POST", "/collective_rpc", {"method": "rollwire_reload_weights",
                                                           "kwargs": {"weights_path": weights_dir}})
+                applied = time.perf_counter()
             except VllmError as exc:
                 if "rollwire_reload_weights" in str(exc):
                     raise VllmError(f"the server at {self.base_url} was started without rollwire's worker extension "
@@ -97,7 +112,7 @@ class VllmControl:
         finally:
             # Step 5
             self.resume()
-        return time.perf_counter() - started
+        return SwapTimes(drain_s=drained - started, apply_s=applied - drained, paused_s=time.perf_counter() - started)
 
     def _reset_prefix_cache(self, attempts: int = 20) -> None:
         for _ in range(attempts):  # refused while KV transfers hold blocks; bounded retries

@@ -13,7 +13,9 @@ For each `WeightsPublished` of its policy, newest first on start (catch-up) and 
     # Step 1  ignore the served version sent again; refuse older ones (an old event arriving late),
     #         unless a serving decision names it
     # Step 2  download into a fresh cache folder and verify: manifest digest, every file's size and
-    #         sha256, safetensors headers (`rollwire.core.weight_versions.fetch`)
+    #         sha256, safetensors headers (`rollwire.core.weight_versions.fetch`); a delta is applied
+    #         to the served version's folder (or, when that is not its base, rebuilt from the
+    #         snapshot before it) and the result checked against the digests the trainer wrote
     # Step 3  full weights: names, dtypes and shapes must equal the served model's
     # Step 4  swap: full -> pause(keep), reload, label, reset prefix cache, resume;
     #         LoRA -> load under a new adapter name; the previous adapter leaves after a grace period
@@ -33,7 +35,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rollwire.consumers.vllm_control import VllmControl, VllmError
+from rollwire.consumers.vllm_control import SwapTimes, VllmControl, VllmError
 from rollwire.core import metrics, telemetry
 from rollwire.core.bus import AtOffsets, DeadLetters, EventConsumer, EventLog, EventProducer
 from rollwire.core.objectstore import ObjectStore, ObjectStoreError
@@ -95,6 +97,8 @@ class WeightSubscriber:
         self._state = "starting"
         self._reload_duration = metrics.seconds_histogram(
             "rollwire.weights.reload.duration", "seconds to download, verify and swap in one weight version")
+        self._pause_duration = metrics.seconds_histogram(
+            "rollwire.weights.pause.duration", "seconds a replica's engine was paused to swap in one weight version")
 
     @property
     def serving_version(self) -> int | None:
@@ -177,7 +181,13 @@ class WeightSubscriber:
             # Step 2
             if target.exists():
                 shutil.rmtree(target)
-            manifest = fetch(self.store, event.uri, event.manifest_sha256, target)
+            has = ({self.serving.manifest_sha256: self.serving_dir}
+                   if self.serving is not None and self.serving_dir is not None and self.serving.format == "full" else {})
+            if event.encoding == "delta" and event.base_manifest_sha256 not in has:
+                logger.info("replica %s: version %d is a delta on version %s, which it does not serve: rebuilding "
+                            "it from the snapshot before it", self.settings.replica_id, event.version,
+                            event.base_version)
+            manifest = fetch(self.store, event.uri, event.manifest_sha256, target, has=has)
             # Step 3
             if manifest.version != event.version or manifest.format != event.format:
                 raise CheckpointError(f"the manifest describes version {manifest.version} ({manifest.format}), "
@@ -194,7 +204,7 @@ class WeightSubscriber:
                     "reload weights", attributes={"rollwire.replica_id": self.settings.replica_id,
                                                   "rollwire.weight_version": event.version,
                                                   "rollwire.weight_format": event.format}):
-                swap_s = self._swap(event, target)
+                swap = self._swap(event, target)
         except VllmError as exc:
             return self._report("failed", event, reason=f"the engine refused the swap: {exc}")
         previous = self.serving
@@ -203,12 +213,13 @@ class WeightSubscriber:
         logger.info("replica %s serves version %d (was %s)", self.settings.replica_id, event.version,
                     previous.version if previous else None)
         # Step 5
-        self._reload_duration.record(download_s + swap_s, {"rollwire.replica_id": self.settings.replica_id,
-                                                           "rollwire.weight_format": event.format})
+        attributes = {"rollwire.replica_id": self.settings.replica_id, "rollwire.weight_format": event.format}
+        self._reload_duration.record(download_s + swap.paused_s, attributes)
+        self._pause_duration.record(swap.paused_s, attributes)
         return self._report("serving", event, bytes_downloaded=sum(f.size_bytes for f in manifest.files),
-                            download_s=download_s, swap_s=swap_s)
+                            download_s=download_s, **self._figures(swap))
 
-    def _swap(self, event: WeightsPublished, folder: Path) -> float:
+    def _swap(self, event: WeightsPublished, folder: Path) -> SwapTimes:
         if event.format == "full":
             return self.control.swap_full_weights(str(folder.resolve()), str(event.version))
         started = time.perf_counter()
@@ -216,7 +227,12 @@ class WeightSubscriber:
         if self.serving is not None and self.serving.format == "lora":
             self._retiring.append((time.monotonic() + self.settings.lora_grace_s,
                                    self.lora_name(self.serving.version)))
-        return time.perf_counter() - started
+        return SwapTimes(drain_s=0.0, apply_s=time.perf_counter() - started, paused_s=0.0)
+
+    @staticmethod
+    def _figures(swap: SwapTimes) -> dict[str, Any]:
+        """A swap's times as `ReplicaStatus` fields (a LoRA load pauses nothing: its time is the load's)."""
+        return {"swap_s": swap.paused_s or swap.apply_s, "drain_s": swap.drain_s, "apply_s": swap.apply_s}
 
     def reapply(self) -> ReplicaStatus | None:
         """Loads the served version again into a freshly restarted server, then the newest one on
@@ -225,10 +241,10 @@ class WeightSubscriber:
         status = None
         if self.serving is not None and self.serving_dir is not None:
             try:
-                swap_s = self._swap(self.serving, self.serving_dir)
+                swap = self._swap(self.serving, self.serving_dir)
             except VllmError as exc:
                 return self._report("failed", self.serving, reason=f"reloading after a restart failed: {exc}")
-            status = self._report("serving", self.serving, swap_s=swap_s)
+            status = self._report("serving", self.serving, **self._figures(swap))
         latest = self._latest()
         newer = self._take(latest) if latest is not None else None
         return newer or status

@@ -21,6 +21,7 @@
     │   ├── CheckpointMissingError
     │   ├── CorruptCheckpointError
     │   └── IncompatibleCheckpointError
+    ├── DeltaError             rollwire.core.weight_deltas — a weight delta does not apply to the file given
     ├── HttpError              rollwire.core.http — a JSON service failed or refused a request
     ├── VllmError              rollwire.consumers.vllm_control — the vLLM server refused a request
     │   └── NoReplica          rollwire.producers.routing — no replica serves a version the rollout may use

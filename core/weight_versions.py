@@ -2,17 +2,23 @@
 replicas fetch and verify them (layout: `rollwire.schemas.manifest`). The trainer's own resumable
 state (model, optimizer, read positions) is something else: `rollwire.trainer.checkpoint`.
 
-    publish(store, local_dir, prefix, ...)   every file, then manifest.json last
+    publish(store, local_dir, prefix, ...)   every file, then manifest.json last; with `base` (the
+                                             previous version's files, kept by the trainer) a
+                                             delta: only the changed elements (`weight_deltas`)
     fetch(store, uri, manifest_sha256, dest) manifest digest; the files in parallel, each hashed
-                                             and sized as its bytes stream in; then each
+                                             and sized as its bytes stream in; a delta applied to
+                                             its base (a folder this machine `has`, else rebuilt
+                                             from the newest snapshot before it, link by link)
+                                             and the result's digests checked; then each
                                              safetensors header against the manifest; only a
                                              fully verified directory appears at `dest`
 
-Nothing here imports torch: subscribers verify bytes with the standard library alone.
+Nothing here imports torch: subscribers verify bytes with the standard library (and apply deltas with numpy).
 
     CheckpointError
     ├── CheckpointMissingError      no manifest at the URI (not published, or not finished)
-    ├── CorruptCheckpointError      a digest, size or header does not match the manifest
+    ├── CorruptCheckpointError      a digest, size or header does not match the manifest, or a
+    │                               delta does not rebuild the version it promises
     └── IncompatibleCheckpointError names, dtypes or shapes differ from the served model
 """
 
@@ -26,13 +32,14 @@ import shutil
 import struct
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from rollwire.core import weight_deltas
 from rollwire.core.errors import RollwireError
 from rollwire.core.objectstore import ObjectNotFoundError, ObjectStore
 from rollwire.schemas.manifest import MANIFEST_NAME, FileEntry, Manifest, TensorEntry
-from rollwire.schemas.weights import WeightFormat, WeightsPublished
+from rollwire.schemas.weights import WeightEncoding, WeightFormat, WeightsPublished
 
 _CHUNK = 1 << 20
 _PARALLEL_FILES = 4
@@ -62,7 +69,39 @@ class Published:
     uri: str
     manifest_sha256: str
     size_bytes: int
+    """Bytes stored (a delta's, for a delta)."""
     manifest: Manifest
+    full_size_bytes: int = 0
+    """Bytes of the whole version."""
+    changed_share: float | None = None
+    """For a delta: the share of tensor elements whose bits changed."""
+
+    @property
+    def encoding(self) -> WeightEncoding:
+        return self.manifest.encoding
+
+    def event(self, published_at_ms: int | None = None) -> WeightsPublished:
+        """The `weights.published` event that announces this version."""
+        m = self.manifest
+        event = WeightsPublished(policy=m.policy, version=m.version, step=m.step, uri=self.uri, format=m.format,
+                                 manifest_sha256=self.manifest_sha256, base_model=m.base_model,
+                                 size_bytes=self.size_bytes, full_size_bytes=self.full_size_bytes, encoding=m.encoding,
+                                 base_version=m.base_version, base_manifest_sha256=m.base_manifest_sha256)
+        return event if published_at_ms is None else event.model_copy(update={"published_at_ms": published_at_ms})
+
+
+@dataclass(frozen=True)
+class DeltaBase:
+    """A published version whose whole files are on this machine: what the next one is a delta against."""
+
+    version: int
+    uri: str
+    """Where it is published (a delta names its base's folder beside its own)."""
+    manifest_sha256: str
+    folder: Path
+    """Its whole files on this machine."""
+    files: list[FileEntry] = field(default_factory=list)
+    """Their entries (read from `folder` when empty)."""
 
 
 def sha256_file(path: Path) -> str:
@@ -102,20 +141,57 @@ def describe(local_dir: Path) -> tuple[list[FileEntry], list[TensorEntry]]:
 
 
 def publish(store: ObjectStore, local_dir: Path, prefix: str, *, policy: str, version: int, step: int,
-            format: WeightFormat = "full", base_model: str = "") -> Published:
-    """Uploads every file of `local_dir` under `prefix`, then the manifest, and returns its digest."""
+            format: WeightFormat = "full", base_model: str = "", base: DeltaBase | None = None) -> Published:
+    """Uploads every file of `local_dir` under `prefix`, then the manifest, and returns its digest.
+    With `base`, full weights are stored as a delta against it where their layout allows (the
+    result's digests in the manifest); a snapshot otherwise."""
     files, tensors = describe(local_dir)
     if not tensors:
         raise CheckpointError(f"{local_dir} holds no .safetensors file: nothing to publish")
     prefix = prefix.rstrip("/") + "/"
-    for entry in files:
-        store.put_file(prefix + entry.name, Path(local_dir) / entry.name)
+    with tempfile.TemporaryDirectory(prefix="rollwire-delta-") as scratch:
+        delta = _delta_files(Path(local_dir), files, base, Path(scratch)) if base is not None and format == "full" \
+            else None
+        stored = delta[0] if delta is not None else [(entry, Path(local_dir) / entry.name) for entry in files]
+        for entry, path in stored:
+            store.put_file(prefix + entry.name, path)
     manifest = Manifest(policy=policy, version=version, step=step, format=format, base_model=base_model,
-                        files=files, tensors=tensors)
+                        files=[entry for entry, _ in stored], tensors=tensors)
+    if delta is not None and base is not None:
+        manifest = manifest.model_copy(update={
+            "encoding": "delta", "base_version": base.version, "base_manifest_sha256": base.manifest_sha256,
+            "base_folder": store.key(base.uri).rstrip("/").rpartition("/")[2], "result": files})
     data = manifest.model_dump_json(indent=1).encode()
     store.put_bytes(prefix + MANIFEST_NAME, data)  # Last: its presence means the version is complete.
     return Published(uri=store.uri(prefix), manifest_sha256=hashlib.sha256(data).hexdigest(),
-                     size_bytes=sum(f.size_bytes for f in files), manifest=manifest)
+                     size_bytes=sum(f.size_bytes for f in manifest.files), manifest=manifest,
+                     full_size_bytes=sum(f.size_bytes for f in files),
+                     changed_share=delta[1] if delta is not None else None)
+
+
+def _delta_files(local_dir: Path, files: list[FileEntry], base: DeltaBase,
+                 scratch: Path) -> tuple[list[tuple[FileEntry, Path]], float] | None:
+    """What a delta version stores — a `.delta` per safetensors file, every other file that changed —
+    and the share of elements changed; None where the layouts differ (a snapshot is due)."""
+    base_files = {f.name: f for f in base.files} or {f.name: f for f in describe(base.folder)[0]}
+    if {f.name for f in files} != set(base_files):
+        return None
+    stored, elements, changed = [], 0, 0
+    for entry in files:
+        if entry.sha256 == base_files[entry.name].sha256:
+            continue  # the replica has it
+        if not entry.name.endswith(".safetensors"):
+            stored.append((entry, local_dir / entry.name))
+            continue
+        out = scratch / (entry.name + weight_deltas.DELTA_SUFFIX)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        stats = weight_deltas.encode(base.folder / entry.name, local_dir / entry.name, out)
+        if stats is None:
+            return None
+        elements, changed = elements + stats.elements, changed + stats.changed
+        stored.append((FileEntry(name=out.relative_to(scratch).as_posix(), size_bytes=stats.delta_bytes,
+                                 sha256=sha256_file(out)), out))
+    return stored, changed / max(elements, 1)
 
 
 def version_prefix(policy: str, version: int) -> str:
@@ -153,10 +229,29 @@ def stored_version(store: ObjectStore, policy: str, version: int) -> WeightsPubl
                                      f"{prefix}{MANIFEST_NAME}: never published, or pruned by the trainer's "
                                      f"retention); the store holds {_ranges(kept) or 'no version'}") from exc
     manifest = Manifest.model_validate_json(data)
-    return WeightsPublished(policy=policy, version=version, step=manifest.step, uri=store.uri(prefix),
-                            format=manifest.format, manifest_sha256=hashlib.sha256(data).hexdigest(),
-                            base_model=manifest.base_model, size_bytes=sum(f.size_bytes for f in manifest.files),
-                            published_at_ms=manifest.created_at_ms)
+    found = Published(uri=store.uri(prefix), manifest_sha256=hashlib.sha256(data).hexdigest(),
+                      size_bytes=sum(f.size_bytes for f in manifest.files), manifest=manifest,
+                      full_size_bytes=sum(f.size_bytes for f in manifest.result or manifest.files))
+    return found.event(published_at_ms=manifest.created_at_ms).model_copy(update={"policy": policy})
+
+
+def delta_chain(store: ObjectStore, policy: str, version: int,
+                manifests: dict[int, Manifest] | None = None) -> list[int]:
+    """`version` and the versions a replica needs to rebuild it: its bases back to a snapshot
+    (newest first). `manifests` caches what was read, across calls."""
+    manifests = {} if manifests is None else manifests
+    chain = [version]
+    while True:
+        if chain[-1] not in manifests:
+            try:
+                data = store.get_bytes(version_prefix(policy, chain[-1]) + "/" + MANIFEST_NAME)
+            except ObjectNotFoundError:
+                return chain
+            manifests[chain[-1]] = Manifest.model_validate_json(data)
+        base = manifests[chain[-1]].base_version
+        if manifests[chain[-1]].encoding != "delta" or base is None:
+            return chain
+        chain.append(base)
 
 
 def _ranges(versions: list[int]) -> str:
@@ -170,32 +265,91 @@ def _ranges(versions: list[int]) -> str:
     return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
-def fetch(store: ObjectStore, uri: str, manifest_sha256: str, dest: Path) -> Manifest:
-    """Downloads and verifies the checkpoint at `uri` into `dest` (which must not exist yet)."""
+def fetch(store: ObjectStore, uri: str, manifest_sha256: str, dest: Path, *,
+          has: Mapping[str, Path] | None = None) -> Manifest:
+    """Downloads and verifies the checkpoint at `uri` into `dest` (which must not exist yet). A delta
+    is applied to its base: a verified folder of this machine when `has` (manifest digest -> folder)
+    holds it, else the base is rebuilt first, back to the newest snapshot before it."""
+    chain = [(uri, manifest_sha256, _manifest(store, uri, manifest_sha256))]
+    has = has or {}
+    while (last := chain[-1][2]).encoding == "delta" and last.base_manifest_sha256 not in has:
+        if last.base_version is None or last.base_manifest_sha256 is None:
+            raise CorruptCheckpointError(f"the delta at {chain[-1][0]} names no base version")
+        base_uri = _sibling(store, chain[-1][0], last.base_folder or f"v{last.base_version:08d}")
+        chain.append((base_uri, last.base_manifest_sha256,
+                      _manifest(store, base_uri, last.base_manifest_sha256, needed_by=last.version)))
+    base = has.get(last.base_manifest_sha256 or "") if last.encoding == "delta" else None
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=f".{dest.name}.chain-") as links:
+        for i, (link_uri, _, manifest) in enumerate(reversed(chain)):
+            staging = Path(tempfile.mkdtemp(dir=dest.parent if i == len(chain) - 1 else links,
+                                            prefix=f".{dest.name}.partial-"))
+            try:
+                _materialize(store, link_uri, manifest, base, staging)
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
+            base = staging
+        assert base is not None
+        try:
+            os.replace(base, dest)
+        finally:
+            if base.exists():
+                shutil.rmtree(base)
+    return chain[0][2]
+
+
+def _manifest(store: ObjectStore, uri: str, manifest_sha256: str, *, needed_by: int | None = None) -> Manifest:
     prefix = store.key(uri).rstrip("/") + "/"
     try:
         data = store.get_bytes(prefix + MANIFEST_NAME)
     except ObjectNotFoundError as exc:
+        if needed_by is not None:
+            raise CheckpointMissingError(f"version {needed_by} is a delta on the version at {uri}, which has no "
+                                         f"{MANIFEST_NAME} (pruned?): it cannot be rebuilt until the next snapshot"
+                                         ) from exc
         raise CheckpointMissingError(f"no {MANIFEST_NAME} at {uri}: the checkpoint was never completed, or was "
                                      "pruned by the trainer's retention ([trainer.retention])") from exc
     actual = hashlib.sha256(data).hexdigest()
     if actual != manifest_sha256:
-        raise CorruptCheckpointError(f"the manifest at {uri} has sha256 {actual[:12]}…, the weights event "
-                                     f"announced {manifest_sha256[:12]}…: it was replaced or damaged")
-    manifest = Manifest.model_validate_json(data)
-    dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.partial-"))
-    try:
-        with concurrent.futures.ThreadPoolExecutor(min(_PARALLEL_FILES, max(1, len(manifest.files)))) as pool:
-            for done in [pool.submit(_download, store, prefix, entry, staging, uri) for entry in manifest.files]:
-                done.result()  # the first failure, after every download has ended
-        _verify_tensors(staging, manifest, uri)
-        os.replace(staging, dest)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging)
-    return manifest
+        raise CorruptCheckpointError(f"the manifest at {uri} has sha256 {actual[:12]}…, "
+                                     f"{'the weights event announced' if needed_by is None else 'its delta names'} "
+                                     f"{manifest_sha256[:12]}…: it was replaced or damaged")
+    return Manifest.model_validate_json(data)
+
+
+def _sibling(store: ObjectStore, uri: str, folder: str) -> str:
+    """The URI of the version in `folder` beside the version at `uri`."""
+    parent = store.key(uri).rstrip("/").rpartition("/")[0]
+    return store.uri(f"{parent}/{folder}/" if parent else f"{folder}/")
+
+
+def _materialize(store: ObjectStore, uri: str, manifest: Manifest, base: Path | None, staging: Path) -> None:
+    """The version of `manifest` into the empty folder `staging`, verified."""
+    prefix = store.key(uri).rstrip("/") + "/"
+    with concurrent.futures.ThreadPoolExecutor(min(_PARALLEL_FILES, max(1, len(manifest.files)))) as pool:
+        for done in [pool.submit(_download, store, prefix, entry, staging, uri) for entry in manifest.files]:
+            done.result()  # the first failure, after every download has ended
+    if manifest.encoding == "delta":
+        assert base is not None
+        stored = {f.name for f in manifest.files}
+        for entry in manifest.result:
+            target, patch = staging / entry.name, entry.name + weight_deltas.DELTA_SUFFIX
+            if patch in stored:
+                try:
+                    weight_deltas.apply(base / entry.name, staging / patch, target)
+                except (weight_deltas.DeltaError, FileNotFoundError) as exc:
+                    raise CorruptCheckpointError(f"the delta of version {manifest.version} ({uri}) does not "
+                                                 f"apply: {exc}") from exc
+                (staging / patch).unlink()
+            elif entry.name not in stored:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(base / entry.name, target)
+            if target.stat().st_size != entry.size_bytes or sha256_file(target) != entry.sha256:
+                raise CorruptCheckpointError(f"{entry.name} rebuilt from the delta of version {manifest.version} "
+                                             f"({uri}) differs from the version the trainer published")
+    _verify_tensors(staging, manifest, uri)
 
 
 def _download(store: ObjectStore, prefix: str, entry: FileEntry, staging: Path, uri: str) -> None:

@@ -3,6 +3,7 @@
     <prefix>/v000012/model.safetensors
     <prefix>/v000012/config.json            (full checkpoints: whatever the loader needs)
     <prefix>/v000012/manifest.json          this model, as JSON, written after every other file
+    <prefix>/v000013/model.safetensors.delta  a delta version: the elements changed since v000012
 
 Written by the trainer (`rollwire.core.weight_versions.publish`); read and verified by weight subscribers
 (`rollwire.core.weight_versions.fetch`) before any byte reaches an inference engine. Its sha256 travels in
@@ -14,7 +15,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from rollwire.schemas.base import Part, now_ms
-from rollwire.schemas.weights import WeightFormat
+from rollwire.schemas.weights import WeightEncoding, WeightFormat
 
 MANIFEST_NAME = "manifest.json"
 
@@ -59,8 +60,20 @@ class Manifest(Part):
     base_model: str
     """The model these weights belong to (name or path)."""
     files: list[FileEntry]
-    """Every file of the checkpoint except the manifest."""
+    """Every file stored for this version except the manifest (for a delta: its `.delta` files and
+    the other files that changed)."""
     tensors: list[TensorEntry]
     """Every tensor in the checkpoint's safetensors files."""
+    encoding: WeightEncoding = "snapshot"
+    """`snapshot`: `files` are the version. `delta`: `files` rebuild `result` from the base version's."""
+    base_version: int | None = None
+    """For a delta: the version it applies to."""
+    base_manifest_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    """For a delta: the digest of the base version's manifest (the chain is verified link by link)."""
+    base_folder: str | None = None
+    """For a delta: the base version's folder, beside this one's (e.g. `v00000012`)."""
+    result: list[FileEntry] = Field(default_factory=list)
+    """For a delta: every file of the whole version it rebuilds, with its digest: a replica verifies
+    what it reconstructed, not only what it downloaded."""
     created_at_ms: int = Field(default_factory=now_ms)
     """When the manifest was written (epoch ms)."""

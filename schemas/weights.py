@@ -17,6 +17,9 @@ ReplicaState = Literal["starting", "serving", "reloading", "failed", "stopped"]
 """What a replica is doing (`ReplicaStatus.state`)."""
 WeightFormat = Literal["full", "lora"]
 """Whole weights, or a LoRA adapter over the base model."""
+WeightEncoding = Literal["snapshot", "delta"]
+"""How a version is stored: every file whole, or the elements changed since an earlier version
+(`rollwire.core.weight_deltas`)."""
 
 class WeightsPublished(Event):
     """A complete, verified-on-write weight version in the object store.
@@ -41,7 +44,16 @@ class WeightsPublished(Event):
     base_model: str = ""
     """Model the weights or adapter belong to (name or path)."""
     size_bytes: int = Field(default=0, ge=0)
-    """Total bytes of the checkpoint's files."""
+    """Bytes stored for this version: the whole checkpoint for a snapshot, the delta's files for a delta."""
+    full_size_bytes: int = Field(default=0, ge=0)
+    """Bytes of the whole checkpoint (what a snapshot of this version would store; 0 from before deltas)."""
+    encoding: WeightEncoding = "snapshot"
+    """`snapshot`: every file whole. `delta`: the changes since `base_version`, which a replica
+    applies to that version's files, or rebuilds from the newest snapshot before it."""
+    base_version: int | None = None
+    """For a delta: the version it applies to (the previous one published)."""
+    base_manifest_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    """For a delta: the digest of its base version's manifest."""
     published_at_ms: int = Field(default_factory=now_ms)
     """When the manifest was written (epoch ms)."""
 
@@ -70,7 +82,11 @@ class ReplicaStatus(Event):
     download_s: float = Field(default=0.0, ge=0.0)
     """Time to download and verify the checkpoint."""
     swap_s: float = Field(default=0.0, ge=0.0)
-    """Time the engine was paused for the swap."""
+    """Time the engine was paused for the swap (a LoRA version: the adapter's load; nothing pauses)."""
+    drain_s: float = Field(default=0.0, ge=0.0)
+    """Of `swap_s`: the pause request, until the engine stopped scheduling (its running step ends)."""
+    apply_s: float = Field(default=0.0, ge=0.0)
+    """Of `swap_s`: writing the new weights into the engine (the layer-wise reload)."""
     reason: str | None = None
     """Why a load failed (state `failed`); None otherwise."""
     url: str | None = None

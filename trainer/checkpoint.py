@@ -9,6 +9,9 @@ saved as one unit, so a restart resumes exactly.
     <checkpoint_dir>/step-00000012-drops-00000013/
                           the same model and optimizer (hard links), later read positions, and
                           an outbox of drops only: rollouts dropped while no batch formed
+    <checkpoint_dir>/published/v00000012/
+                          the last weight version this process published, whole: the next
+                          version's delta base (`rollwire.trainer.loop`; emptied at start)
 
 It is written to `….partial` and renamed: a directory without that suffix is always complete.
 The outbox holds the events of the commit (train step, weights, drops); they are sent after the

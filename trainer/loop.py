@@ -24,7 +24,9 @@ counts them back into its budget, and until it does, the next batch may never be
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
+import shutil
 import tempfile
 import time
 from collections.abc import Sequence
@@ -35,7 +37,7 @@ from rollwire.core.bus import EventLog, EventProducer
 from rollwire.core.errors import ConfigError
 from rollwire.core.objectstore import ObjectStore
 from rollwire.core.trackers import Trackers, step_metrics
-from rollwire.core.weight_versions import Published, publish, version_prefix
+from rollwire.core.weight_versions import DeltaBase, Published, publish, version_prefix
 from rollwire.schemas.registry import EVENT_TYPES
 from rollwire.schemas.rollout import ScoredRollout
 from rollwire.schemas.topics import Topics
@@ -53,18 +55,19 @@ logger = logging.getLogger(__name__)
 
 
 def publish_weights(store: ObjectStore, model, settings: TrainerSettings, *, policy: str, version: int,
-                    step: int) -> tuple[WeightsPublished, Published]:
+                    step: int, base: DeltaBase | None = None, into: Path | None = None
+                    ) -> tuple[WeightsPublished, Published]:
     """Writes `model`'s weights as `policy` version `version` (`<policy>/v<version>` in the store,
-    manifest last); returns the event announcing them and what was written (with its manifest)."""
+    manifest last), as a delta against `base` when given; returns the event announcing them and what
+    was written (with its manifest). `into`: the folder the weights are saved in, kept (the next
+    version's delta base); default a temporary one."""
     lora = settings.model.lora is not None
-    with tempfile.TemporaryDirectory() as folder:
-        save_model(model, Path(folder))
-        done = publish(store, Path(folder), version_prefix(policy, version), policy=policy, version=version, step=step,
-                       format="lora" if lora else "full", base_model=settings.model.path)
-    event = WeightsPublished(policy=policy, version=version, step=step, uri=done.uri, format="lora" if lora else "full",
-                             manifest_sha256=done.manifest_sha256, base_model=settings.model.path,
-                             size_bytes=done.size_bytes)
-    return event, done
+    with contextlib.ExitStack() as stack:
+        folder = into or Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        save_model(model, folder)
+        done = publish(store, folder, version_prefix(policy, version), policy=policy, version=version, step=step,
+                       format="lora" if lora else "full", base_model=settings.model.path, base=base)
+    return done.event(), done
 
 
 def means_by_name(rows: list[dict[str, float]]) -> dict[str, float]:
@@ -108,6 +111,11 @@ class Trainer:
         self.consumer = BatchConsumer(log, topics, settings.batch, vocab_size=vocab, positions=self.state.positions,
                                       seen=self.state.seen, producer=self.producer, mix=settings.feedback)
         self._ready_since = time.monotonic()
+        self._published_dir = settings.checkpoint_dir / "published"
+        shutil.rmtree(self._published_dir, ignore_errors=True)  # an earlier process's: its first version is whole
+        self._delta_base: DeltaBase | None = None
+        """The last version this process published, whose files it keeps: the next one's delta base."""
+        self._since_snapshot = 0
         self.shard = shard
         self.trackers = trackers
         """Where each step's metrics are reported once its commit is sent (`rollwire.core.trackers`)."""
@@ -204,8 +212,28 @@ class Trainer:
         logger.info("reported %s while no batch formed", ", ".join(f"{len(v)} {k}" for k, v in drops.items()))
 
     def _publish_weights(self) -> WeightsPublished:
-        return publish_weights(self.store, self.model, self.settings, policy=self.settings.policy,
-                               version=self.state.version, step=self.state.step)[0]
+        """Publishes the current weights: a snapshot when due, else a delta against the last version
+        this process published (whose files it keeps under `<checkpoint_dir>/published`)."""
+        folder = self._published_dir / f"v{self.state.version:08d}"
+        shutil.rmtree(folder, ignore_errors=True)
+        snapshot_due = self._since_snapshot + 1 >= self.settings.snapshot_every
+        event, done = publish_weights(self.store, self.model, self.settings, policy=self.settings.policy,
+                                      version=self.state.version, step=self.state.step,
+                                      base=None if snapshot_due else self._delta_base, into=folder)
+        previous, self._delta_base = self._delta_base, None
+        if previous is not None:
+            shutil.rmtree(previous.folder, ignore_errors=True)
+        if event.format == "full":
+            self._delta_base = DeltaBase(event.version, done.uri, done.manifest_sha256, folder,
+                                         done.manifest.result or done.manifest.files)
+            self._since_snapshot = 0 if event.encoding == "snapshot" else self._since_snapshot + 1
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+        if event.encoding == "delta":
+            logger.info("version %d: a delta on %s, %.1f%% of the whole (%.2f%% of elements changed)", event.version,
+                        event.base_version, 100 * done.size_bytes / max(done.full_size_bytes, 1),
+                        100 * (done.changed_share or 0.0))
+        return event
 
     def _step_event(self, batch: Batch, result: StepResult, waited: float) -> TrainStepCompleted:
         return TrainStepCompleted(

@@ -6,8 +6,9 @@
 
 Applied by the trainer each time it publishes a version. Never pruned, whatever the policy says:
 the version each replica reports serving on `fleet`, and every version a serving decision names
-(stable or canary, on `serving`: a rollback may go back to any of them). Version 0 is the base
-model, which is not in the store.
+(stable or canary, on `serving`: a rollback may go back to any of them). Nor the versions a kept
+delta is rebuilt from (its bases back to the snapshot before it): pruning goes by whole chains.
+Version 0 is the base model, which is not in the store.
 
 Pruning deletes a version's manifest first, then its files, so a version is complete or absent:
 a replica (or `rollwire promote`) that asks for a pruned version is refused with
@@ -22,7 +23,7 @@ import threading
 
 from rollwire.core.bus import EventLog, Follower
 from rollwire.core.objectstore import ObjectStore
-from rollwire.core.weight_versions import prune_version, stored_versions
+from rollwire.core.weight_versions import delta_chain, prune_version, stored_versions
 from rollwire.schemas.topics import Topics
 from rollwire.schemas.weights import ReplicaStatus, ServingDecision
 from rollwire.trainer.settings import RetentionSettings
@@ -66,9 +67,13 @@ def apply_retention(store: ObjectStore, policy: str, settings: RetentionSettings
     """Prunes the versions of `policy` neither the policy nor `in_use` keeps; returns them."""
     if settings.keep_last is None:
         return []
+    stored = stored_versions(store, policy)
+    kept = {v for v in stored if v >= newest or settings.keeps(v, newest) or v in in_use}
+    manifests: dict = {}
+    needed = {base for v in kept for base in delta_chain(store, policy, v, manifests)}  # what a delta is rebuilt from
     pruned = []
-    for version in stored_versions(store, policy):
-        if version < newest and not settings.keeps(version, newest) and version not in in_use:
+    for version in stored:
+        if version not in needed:
             prune_version(store, policy, version)
             pruned.append(version)
     if pruned:

@@ -167,6 +167,12 @@ class TrainerSettings(BaseModel):
     """Rollouts per forward/backward (gradient accumulation over the batch)."""
     publish_every: int = Field(default=1, ge=1)
     """Publish weights every this many versions."""
+    snapshot_every: int = Field(default=10, ge=1)
+    """Store every this-many-th published version whole (a snapshot) and those between as deltas: the
+    elements whose bits changed since the previous one (`rollwire.core.weight_deltas`), a few percent
+    of a bfloat16 version at fine-tuning learning rates. A replica that missed one rebuilds from the
+    snapshot before it. 1: every version whole. LoRA adapters are always whole; so is the first
+    version a trainer process publishes."""
     checkpoint_dir: Path = Path("runs/default/trainer")
     """Where the trainer's checkpoints go (local disk)."""
     keep_checkpoints: int = Field(default=2, ge=1)

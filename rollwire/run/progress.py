@@ -48,6 +48,8 @@ class RunProgress:
     lag_every_s: float = 5.0
     lag: dict[tuple[str, str], int] = field(default_factory=dict)
     reload_s: dict[str, float] = field(default_factory=dict)
+    pause_s: dict[str, float] = field(default_factory=dict)
+    """Per replica: how long its last swap paused generation (within `reload_s`)."""
     """Seconds the last version load took (download and swap), by replica id."""
 
     def __post_init__(self) -> None:
@@ -81,6 +83,7 @@ class RunProgress:
                 self.replica_state[event.replica_id] = event.state
                 if event.state == "serving" and event.requested_version is not None:
                     self.reload_s[event.replica_id] = event.download_s + event.swap_s
+                    self.pause_s[event.replica_id] = event.swap_s
             elif isinstance(event, RolloutCompleted):
                 self.rollouts += 1
                 self.errored += event.error is not None
@@ -169,7 +172,9 @@ class RunProgress:
 
     def _reload(self, replica_id: str) -> str:
         seconds = self.reload_s.get(replica_id)
-        return f", last load {seconds:.2f} s" if seconds is not None else ""
+        if seconds is None:
+            return ""
+        return f", last load {seconds:.2f} s (paused {1000 * self.pause_s.get(replica_id, 0.0):.0f} ms)"
 
     def close(self) -> None:
         self._reader.close()

@@ -13,11 +13,16 @@ from rollwire.core.objectstore import ObjectNotFoundError, ObjectStoreError
 from rollwire.core.weight_versions import (
     CheckpointMissingError,
     CorruptCheckpointError,
+    DeltaBase,
     IncompatibleCheckpointError,
+    Published,
     check_compatible,
+    delta_chain,
     describe,
     fetch,
     publish,
+    stored_versions,
+    version_prefix,
 )
 
 
@@ -102,3 +107,106 @@ def test_parameters_that_do_not_fit_the_served_model_are_named(store, checkpoint
     with pytest.raises(IncompatibleCheckpointError, match="missing: \\['lm_head.weight'\\]"):
         check_compatible(manifest, {"embed.weight": ("F32", [8, 4]), "head.weight": ("F32", [8, 4]),
                                     "lm_head.weight": ("F32", [8, 4])})
+
+
+class Versions:
+    """A training run's versions of one bfloat16 model on disk, published as the trainer does: a
+    snapshot, then deltas against the version before, a snapshot every `snapshot_every`."""
+
+    def __init__(self, store, folder: Path, snapshot_every: int) -> None:
+        import torch
+        self.store, self.folder, self.snapshot_every = store, folder, snapshot_every
+        torch.manual_seed(0)
+        self.weights = {"embed.weight": torch.randn(256, 64).to(torch.bfloat16),
+                        "head.weight": torch.randn(64, 256).to(torch.bfloat16)}
+        self.published: dict[int, Published] = {}
+        self.base: DeltaBase | None = None
+
+    def publish(self, version: int) -> Published:
+        import torch
+        from safetensors.torch import save_file
+        self.weights = {k: (v.float() + 1e-3 * torch.randn(v.shape)).to(torch.bfloat16) for k, v in self.weights.items()}
+        local = self.folder / f"v{version}"
+        local.mkdir(parents=True)
+        save_file(self.weights, str(local / "model.safetensors"), metadata={"format": "pt"})
+        (local / "config.json").write_text('{"hidden_size": 64}')
+        due = self.base is None or (version - 1) % self.snapshot_every == 0
+        done = publish(self.store, local, version_prefix("p", version), policy="p", version=version, step=version,
+                       base=None if due else self.base)
+        self.base = DeltaBase(version, done.uri, done.manifest_sha256, local, done.manifest.result or done.manifest.files)
+        self.published[version] = done
+        return done
+
+    def file(self, version: int) -> bytes:
+        return (self.folder / f"v{version}" / "model.safetensors").read_bytes()
+
+
+def test_a_late_replica_rebuilds_a_delta_from_the_snapshot_before_it_bit_for_bit(store, tmp_path):
+    run = Versions(store, tmp_path / "trainer", snapshot_every=4)
+    done = [run.publish(v) for v in range(1, 7)]
+    assert [d.encoding for d in done] == ["snapshot", "delta", "delta", "delta", "snapshot", "delta"]
+    assert all(d.size_bytes < 0.5 * d.full_size_bytes for d in done if d.encoding == "delta")
+    assert [d.manifest.base_version for d in done] == [None, 1, 2, 3, None, 5]
+
+    replica = tmp_path / "replica"
+    late = fetch(store, done[3].uri, done[3].manifest_sha256, replica / "late-v4")  # v1 + deltas 2, 3, 4
+    assert late.version == 4 and (replica / "late-v4/model.safetensors").read_bytes() == run.file(4)
+    assert (replica / "late-v4/config.json").read_text() == '{"hidden_size": 64}'
+    assert sorted(p.name for p in replica.iterdir()) == ["late-v4"]  # no link left behind
+
+    reads = []
+    original = store.stream
+    store.stream = lambda key, *a, **k: (reads.append(key), original(key, *a, **k))[1]
+    fetch(store, done[5].uri, done[5].manifest_sha256, tmp_path / "v6", has={done[4].manifest_sha256: run.folder / "v5"})
+    assert (tmp_path / "v6/model.safetensors").read_bytes() == run.file(6)
+    assert reads == ["p/v00000006/model.safetensors.delta"]  # the unchanged config is the base's
+
+
+def test_a_corrupted_delta_is_refused_and_the_next_snapshot_recovers(store, tmp_path):
+    run = Versions(store, tmp_path / "trainer", snapshot_every=3)
+    done = [run.publish(v) for v in range(1, 4)]
+    key = "p/v00000002/model.safetensors.delta"
+    data = bytearray(store.get_bytes(key))
+    data[len(data) // 2] ^= 0xFF
+    store.put_bytes(key, bytes(data))
+    for version in (2, 3):  # v3 is a delta on the corrupted v2
+        with pytest.raises(CorruptCheckpointError, match="sha256"):
+            fetch(store, done[version - 1].uri, done[version - 1].manifest_sha256, tmp_path / f"replica/v{version}")
+    assert list((tmp_path / "replica").iterdir()) == []
+    snapshot = run.publish(4)
+    assert snapshot.encoding == "snapshot"
+    fetch(store, snapshot.uri, snapshot.manifest_sha256, tmp_path / "v4")
+    assert (tmp_path / "v4/model.safetensors").read_bytes() == run.file(4)
+
+
+def test_a_delta_on_a_base_that_is_not_the_one_published_is_refused(store, tmp_path):
+    """The result's digest is checked, not only the download's: a replica whose copy of the base
+    was damaged on its disk serves nothing rebuilt from it."""
+    run = Versions(store, tmp_path / "trainer", snapshot_every=10)
+    first, second = run.publish(1), run.publish(2)
+    damaged = tmp_path / "damaged-v1"
+    fetch(store, first.uri, first.manifest_sha256, damaged)
+    data = bytearray((damaged / "model.safetensors").read_bytes())
+    data[-1] ^= 0x01
+    (damaged / "model.safetensors").write_bytes(bytes(data))
+    with pytest.raises(CorruptCheckpointError, match="does not apply: .*another version"):
+        fetch(store, second.uri, second.manifest_sha256, tmp_path / "v2", has={first.manifest_sha256: damaged})
+    (damaged / "config.json").write_text('{"hidden_size": 65}')  # an unchanged file, copied from the base
+    (damaged / "model.safetensors").write_bytes(run.file(1))
+    with pytest.raises(CorruptCheckpointError, match="config.json rebuilt from the delta of version 2"):
+        fetch(store, second.uri, second.manifest_sha256, tmp_path / "v2", has={first.manifest_sha256: damaged})
+    assert not (tmp_path / "v2").exists()
+
+
+def test_retention_keeps_the_versions_a_kept_delta_is_rebuilt_from(store, tmp_path):
+    from rollwire.trainer.retention import apply_retention
+    from rollwire.trainer.settings import RetentionSettings
+    run = Versions(store, tmp_path / "trainer", snapshot_every=4)
+    for version in range(1, 8):
+        run.publish(version)  # snapshots 1 and 5
+    pruned = apply_retention(store, "p", RetentionSettings(keep_last=2), 7, in_use={3})
+    assert pruned == [4] and stored_versions(store, "p") == [1, 2, 3, 5, 6, 7]
+    assert delta_chain(store, "p", 7) == [7, 6, 5] and delta_chain(store, "p", 3) == [3, 2, 1]
+    done = run.published[3]
+    fetch(store, done.uri, done.manifest_sha256, tmp_path / "v3")
+    assert (tmp_path / "v3/model.safetensors").read_bytes() == run.file(3)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from reference import transformers_logprobs
@@ -11,7 +12,7 @@ from reference import transformers_logprobs
 from rollwire.consumers.weight_subscriber import WeightSubscriber, WeightSubscriberSettings
 from rollwire.core.bus import EmbeddedBusSettings, catalog_topics, open_log
 from rollwire.core.bus.events import EventProducer
-from rollwire.core.weight_versions import publish
+from rollwire.core.weight_versions import DeltaBase, publish
 from rollwire.schemas import Codec, ReplicaStatus, Topics, WeightsPublished
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -35,11 +36,12 @@ class Fleet:
                                 WeightSubscriberSettings(replica_id=self.replica, cache_dir=self.tmp_path / "cache"),
                                 base_model_dir=self.tiny_models.base)
 
-    def publish(self, version: int, model_dir, *, fmt: str = "full") -> WeightsPublished:
-        published = publish(self.store, model_dir, f"run/v{version}", policy="policy", version=version,
-                            step=version, format=fmt, base_model="tiny")
-        event = WeightsPublished(version=version, step=version, uri=published.uri, format=fmt,
-                                 manifest_sha256=published.manifest_sha256, size_bytes=published.size_bytes)
+    def publish(self, version: int, model_dir, *, fmt: str = "full",
+                base: tuple[WeightsPublished, Path] | None = None) -> WeightsPublished:
+        """Publishes `model_dir` as `version`; with `base` (an earlier event and its folder), as a delta on it."""
+        delta_base = DeltaBase(base[0].version, base[0].uri, base[0].manifest_sha256, base[1]) if base else None
+        event = publish(self.store, model_dir, f"run/v{version}", policy="policy", version=version,
+                        step=version, format=fmt, base_model="tiny", base=delta_base).event()
         self.trainer.send(self.topics.weights, event, key="policy")
         self.trainer.flush()
         return event
@@ -189,6 +191,80 @@ def test_wrong_shapes_and_older_versions_are_refused_before_touching_the_engine(
     tokens, logprobs, versions = served_logprobs(fleet.server)
     assert versions[0]["version"] == str(version_base + 5)
     assert logprobs == pytest.approx(transformers_logprobs(good, PROMPT, tokens), abs=1e-3)
+
+
+def nudged(source: Path, seed: int, share: float = 0.03) -> Path:
+    """A copy of `source` with `share` of each tensor's elements moved: a fine-tuning step's worth of change."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+    target = source.parent / f"{source.name}-nudged{seed}"
+    if not target.exists():
+        shutil.copytree(source, target)
+        generator = torch.Generator().manual_seed(seed)
+        tensors = load_file(str(source / "model.safetensors"))
+        for tensor in tensors.values():
+            moved = torch.rand(tensor.shape, generator=generator) < share
+            tensor[moved] += 0.2 * torch.randn(int(moved.sum()), generator=generator)
+        save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
+    return target
+
+
+def test_deltas_apply_to_the_served_version_and_a_late_replica_rebuilds_from_the_snapshot(fleet, tiny_models,
+                                                                                         version_base):
+    v = version_base
+    folders = [nudged(tiny_models.version(seed=30), 30)]
+    folders += [nudged(folders[-1], 31), nudged(folders[-1], 32)]
+    events = [fleet.publish(v + 1, folders[0])]
+    for i in (1, 2):
+        events.append(fleet.publish(v + 1 + i, folders[i], base=(events[-1], folders[i - 1])))
+    assert [(e.encoding, e.base_version) for e in events] == [("snapshot", None), ("delta", v + 1), ("delta", v + 2)]
+    subscriber = fleet.subscriber()
+
+    statuses = [subscriber.apply(e) for e in events]
+
+    assert [s.state for s in statuses] == ["serving"] * 3, [s.reason for s in statuses]
+    assert statuses[2].bytes_downloaded == events[2].size_bytes < 0.2 * events[2].full_size_bytes  # the delta alone
+    served = fleet.tmp_path / "cache" / f"v{v + 3:08d}" / "model.safetensors"
+    assert served.read_bytes() == (folders[2] / "model.safetensors").read_bytes()
+    tokens, logprobs, versions = served_logprobs(fleet.server)
+    assert versions[0]["version"] == str(v + 3)
+    assert logprobs == pytest.approx(transformers_logprobs(folders[2], PROMPT, tokens), abs=1e-3)
+
+    late = WeightSubscriber(fleet.log, fleet.topics, fleet.store, fleet.server.control,
+                            WeightSubscriberSettings(replica_id="late", cache_dir=fleet.tmp_path / "late-cache"),
+                            base_model_dir=tiny_models.base)
+    caught_up = late.catch_up()  # the topic's newest is a delta on a version it never had
+    assert caught_up.state == "serving" and caught_up.serving_version == v + 3
+    rebuilt = fleet.tmp_path / "late-cache" / f"v{v + 3:08d}" / "model.safetensors"
+    assert rebuilt.read_bytes() == served.read_bytes()
+    late.close()
+
+
+def test_a_corrupted_delta_is_refused_until_the_next_snapshot(fleet, tiny_models, version_base):
+    v = version_base
+    folders = [nudged(tiny_models.version(seed=33), 33)]
+    folders += [nudged(folders[-1], 34), nudged(folders[-2], 35)]
+    subscriber = fleet.subscriber()
+    first = fleet.publish(v + 1, folders[0])
+    assert subscriber.apply(first).state == "serving"
+    second = fleet.publish(v + 2, folders[1], base=(first, folders[0]))
+    key = f"run/v{v + 2}/model.safetensors.delta"
+    data = bytearray(fleet.store.get_bytes(key))
+    data[len(data) // 2] ^= 0xFF
+    fleet.store.put_bytes(key, bytes(data))
+    third = fleet.publish(v + 3, folders[2], base=(second, folders[1]))
+
+    refused = [subscriber.apply(second), subscriber.apply(third)]  # the third is rebuilt through the second
+
+    assert [(s.state, s.serving_version) for s in refused] == [("failed", v + 1)] * 2
+    assert all("sha256" in s.reason for s in refused), [s.reason for s in refused]
+    tokens, logprobs, versions = served_logprobs(fleet.server)
+    assert versions[0]["version"] == str(v + 1)
+    assert logprobs == pytest.approx(transformers_logprobs(folders[0], PROMPT, tokens), abs=1e-3)
+    recovered = subscriber.apply(fleet.publish(v + 4, folders[2]))  # the next snapshot
+    assert recovered.state == "serving" and recovered.serving_version == v + 4
 
 
 def test_lora_versions_load_under_new_adapter_names(fleet, tiny_models, version_base, tmp_path):

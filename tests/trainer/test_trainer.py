@@ -362,3 +362,40 @@ def test_the_store_keeps_what_retention_and_the_fleet_need_and_a_pruned_version_
     status = subscriber.apply(published[5])  # a replica that asks late for version 5
     assert status.state == "failed" and "pruned" in status.reason
     subscriber.close()
+
+
+def test_bfloat16_weights_are_published_as_snapshots_and_deltas_that_rebuild_each_version(world, tmp_path,
+                                                                                          tiny_policy):
+    """At a fine-tuning learning rate most bfloat16 elements keep their bits: the versions between
+    snapshots are stored as deltas, and each rebuilds, from the store alone, the trainer's weights."""
+    from rollwire.core.weight_versions import fetch
+    from rollwire.trainer.model import save_model
+    log, topics, store = world
+    config = TrainerSettings.model_validate({**settings(tmp_path, tiny_policy).model_dump(), "lr": 1e-5,
+                                             "snapshot_every": 3, "model": {"path": str(tiny_policy),
+                                                                            "dtype": "bfloat16"}})
+    trainer = Trainer(log, topics, store, config)
+    for step in range(1, 5):
+        send_scored(log, topics, [scored(10 * step + i, version=step - 1) for i in range(4)])
+        assert trainer.step(timeout_s=5).policy_version == step
+        save_model(trainer.model, tmp_path / f"trainer-v{step}")
+    trainer.close()
+    resumed = Trainer(log, topics, store, config)  # a new process: its first version is whole
+    send_scored(log, topics, [scored(50 + i, version=4) for i in range(4)])
+    assert resumed.step(timeout_s=5).policy_version == 5
+    save_model(resumed.model, tmp_path / "trainer-v5")
+    resumed.close()
+
+    weights = [e for e in events(log, topics.weights) if isinstance(e, WeightsPublished)]
+    assert [(w.version, w.encoding, w.base_version) for w in weights] == [
+        (1, "snapshot", None), (2, "delta", 1), (3, "delta", 2), (4, "snapshot", None), (5, "snapshot", None)]
+    assert all(w.size_bytes == w.full_size_bytes for w in weights if w.encoding == "snapshot")
+    assert all(w.size_bytes < 0.2 * w.full_size_bytes for w in weights if w.encoding == "delta"), weights
+    assert weights[1].base_manifest_sha256 == weights[0].manifest_sha256
+    versions = [(tmp_path / f"trainer-v{v}/model.safetensors").read_bytes() for v in range(1, 6)]
+    assert len(set(versions)) == 5, "every step changed some bits: each delta has something to rebuild"
+    for w in weights:
+        fetch(store, w.uri, w.manifest_sha256, tmp_path / f"replica-v{w.version}")
+        assert (tmp_path / f"replica-v{w.version}/model.safetensors").read_bytes() == \
+            (tmp_path / f"trainer-v{w.version}/model.safetensors").read_bytes()
+    assert [p.name for p in (tmp_path / "ckpt/published").iterdir()] == ["v00000005"]  # the next delta's base only

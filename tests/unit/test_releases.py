@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
+from rollwire.consumers.vllm_control import SwapTimes
 from rollwire.consumers.weight_subscriber import WeightSubscriber, WeightSubscriberSettings
 from rollwire.core.bus import EmbeddedBusSettings, catalog_topics, open_log
 from rollwire.core.errors import ConfigError
@@ -27,9 +28,9 @@ class RecordingControl:
     def __init__(self) -> None:
         self.swapped: list[str] = []
 
-    def swap_full_weights(self, folder: str, label: str) -> float:
+    def swap_full_weights(self, folder: str, label: str) -> SwapTimes:
         self.swapped.append(label)
-        return 0.01
+        return SwapTimes(drain_s=0.001, apply_s=0.008, paused_s=0.01)
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ touched. (No inference server: none is reached.)"""
 
 from __future__ import annotations
 
+from rollwire.consumers.vllm_control import SwapTimes
 from rollwire.consumers.weight_subscriber import WeightSubscriber, WeightSubscriberSettings
 from rollwire.core.bus import DeadLetters, EmbeddedBusSettings, EventProducer, catalog_topics, open_log, read_to_end
 from rollwire.core.objectstore import LocalStore
@@ -50,12 +51,12 @@ class FlakyEngine:
         self.down = False
         self.swapped: list[int] = []
 
-    def swap_full_weights(self, weights_dir: str, version_label: str) -> float:
+    def swap_full_weights(self, weights_dir: str, version_label: str) -> SwapTimes:
         from rollwire.consumers.vllm_control import VllmError
         if self.down:
             raise VllmError("POST /pause failed: connection refused")
         self.swapped.append(int(version_label))
-        return 0.01
+        return SwapTimes(drain_s=0.001, apply_s=0.008, paused_s=0.01)
 
 
 def test_a_restarted_server_gets_the_newest_version_whose_swap_failed_while_it_was_down(tmp_path):
