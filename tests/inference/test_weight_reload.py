@@ -215,7 +215,8 @@ def test_deltas_apply_to_the_served_version_and_a_late_replica_rebuilds_from_the
                                                                                          version_base):
     v = version_base
     folders = [nudged(tiny_models.version(seed=30), 30)]
-    folders += [nudged(folders[-1], 31), nudged(folders[-1], 32)]
+    folders.append(nudged(folders[0], 31))
+    folders.append(nudged(folders[1], 32))
     events = [fleet.publish(v + 1, folders[0])]
     for i in (1, 2):
         events.append(fleet.publish(v + 1 + i, folders[i], base=(events[-1], folders[i - 1])))
@@ -245,7 +246,8 @@ def test_deltas_apply_to_the_served_version_and_a_late_replica_rebuilds_from_the
 def test_a_corrupted_delta_is_refused_until_the_next_snapshot(fleet, tiny_models, version_base):
     v = version_base
     folders = [nudged(tiny_models.version(seed=33), 33)]
-    folders += [nudged(folders[-1], 34), nudged(folders[-2], 35)]
+    folders.append(nudged(folders[0], 34))
+    folders.append(nudged(folders[1], 35))
     subscriber = fleet.subscriber()
     first = fleet.publish(v + 1, folders[0])
     assert subscriber.apply(first).state == "serving"
