@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import struct
 import zlib
 from dataclasses import dataclass
@@ -84,11 +85,11 @@ def _elements(buffer: np.ndarray, start: int, info: dict) -> np.ndarray:
     return buffer[start + begin:start + end].view(_UINT[size])
 
 
-def encode(base_file: Path, new_file: Path, out: Path) -> DeltaStats | None:
+def encode(base_file: Path, new_file: Path, out: Path, *, base_sha256: str | None = None) -> DeltaStats | None:
     """Writes the delta from `base_file` to `new_file` at `out`; None (nothing written) when their
     headers differ, so that no delta can express the change, or when so many elements changed
     that the whole file is as small."""
-    base, new = np.fromfile(base_file, dtype=np.uint8), np.fromfile(new_file, dtype=np.uint8)
+    base, new = np.memmap(base_file, dtype=np.uint8, mode="r"), np.memmap(new_file, dtype=np.uint8, mode="r")
     start, header = _layout(new.data, new_file.name)
     base_start, base_header = _layout(base.data, base_file.name)
     if start != base_start or bytes(base[:start]) != bytes(new[:start]) or len(base) != len(new):
@@ -111,24 +112,29 @@ def encode(base_file: Path, new_file: Path, out: Path) -> DeltaStats | None:
             tensors.append({"name": name, "index": gaps, "values": values})
         else:
             tensors.append({"name": name, "values": new_bits.tobytes()})
-    digest = hashlib.sha256(base.data).hexdigest()
-    payload = msgpack.packb({"format": FORMAT, "base_sha256": digest, "tensors": tensors}, use_bin_type=True)
+    digest = base_sha256 or hashlib.sha256(base.data).hexdigest()
+    payload = msgpack.packb({"format": FORMAT, "base_sha256": digest, "base_bytes": len(base), "tensors": tensors},
+                           use_bin_type=True)
     data = zlib.compress(payload, _ZLIB_LEVEL)
     out.write_bytes(data)
     return DeltaStats(elements=elements, changed=changed, delta_bytes=len(data), full_bytes=len(new))
 
 
-def apply(base_file: Path, delta_file: Path, out: Path) -> None:
-    """Writes `base_file` with the delta at `delta_file` applied to `out`."""
+def apply(base_file: Path, delta_file: Path, out: Path, *, check_base: bool = True) -> None:
+    """Writes `base_file` with the delta at `delta_file` applied to `out`: a copy of the base,
+    patched in place. `check_base=False` skips hashing the base, for a caller that checks the
+    result's digest anyway (`rollwire.core.weight_versions`): a wrong base then shows there."""
     try:
         delta = msgpack.unpackb(zlib.decompress(delta_file.read_bytes()), raw=False)
     except (zlib.error, ValueError, msgpack.UnpackException) as exc:
         raise DeltaError(f"{delta_file.name} is not a weight delta: {exc}") from exc
     if not isinstance(delta, dict) or delta.get("format") != FORMAT:
         raise DeltaError(f"{delta_file.name} is not a {FORMAT} delta")
-    buffer = np.fromfile(base_file, dtype=np.uint8)
-    if hashlib.sha256(buffer.data).hexdigest() != delta["base_sha256"]:
+    if base_file.stat().st_size != delta.get("base_bytes", base_file.stat().st_size) or (
+            check_base and sha256_of(base_file) != delta["base_sha256"]):
         raise DeltaError(f"{delta_file.name} applies to another version of {base_file.name} than the one here")
+    shutil.copyfile(base_file, out)
+    buffer = np.memmap(out, dtype=np.uint8, mode="r+")
     start, header = _layout(buffer.data, base_file.name)
     for tensor in delta["tensors"]:
         info = header.get(tensor["name"])
@@ -145,7 +151,13 @@ def apply(base_file: Path, delta_file: Path, out: Path) -> None:
         if index.size != values.size or (index.size and index[-1] >= bits.size):
             raise DeltaError(f"{delta_file.name} has a malformed change list for {tensor['name']!r}")
         bits[index] = values
-    buffer.tofile(out)
+    buffer.flush()
+    del buffer
+
+
+def sha256_of(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _varints(values: np.ndarray) -> bytes:

@@ -185,7 +185,8 @@ def _delta_files(local_dir: Path, files: list[FileEntry], base: DeltaBase,
             continue
         out = scratch / (entry.name + weight_deltas.DELTA_SUFFIX)
         out.parent.mkdir(parents=True, exist_ok=True)
-        stats = weight_deltas.encode(base.folder / entry.name, local_dir / entry.name, out)
+        stats = weight_deltas.encode(base.folder / entry.name, local_dir / entry.name, out,
+                                     base_sha256=base_files[entry.name].sha256)
         if stats is None:
             return None
         elements, changed = elements + stats.elements, changed + stats.changed
@@ -338,7 +339,7 @@ def _materialize(store: ObjectStore, uri: str, manifest: Manifest, base: Path | 
             target, patch = staging / entry.name, entry.name + weight_deltas.DELTA_SUFFIX
             if patch in stored:
                 try:
-                    weight_deltas.apply(base / entry.name, staging / patch, target)
+                    weight_deltas.apply(base / entry.name, staging / patch, target, check_base=False)
                 except (weight_deltas.DeltaError, FileNotFoundError) as exc:
                     raise CorruptCheckpointError(f"the delta of version {manifest.version} ({uri}) does not "
                                                  f"apply: {exc}") from exc
@@ -348,7 +349,8 @@ def _materialize(store: ObjectStore, uri: str, manifest: Manifest, base: Path | 
                 shutil.copyfile(base / entry.name, target)
             if target.stat().st_size != entry.size_bytes or sha256_file(target) != entry.sha256:
                 raise CorruptCheckpointError(f"{entry.name} rebuilt from the delta of version {manifest.version} "
-                                             f"({uri}) differs from the version the trainer published")
+                                             f"({uri}) differs from the version the trainer published: the base "
+                                             f"version's files here are not the ones it was taken against")
     _verify_tensors(staging, manifest, uri)
 
 
