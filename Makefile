@@ -37,7 +37,9 @@ UV_FLAGS := $(foreach d,$(PIP_FIND_LINKS),--find-links $(d)) \
 .PHONY: install run test lint bench-bus stack stack-down clean
 
 $(STAMP): pyproject.toml
-	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	# A failed venv (ensurepip fails on a full disk) is removed, and the free space shown.
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV) \
+		|| { rm -rf $(VENV); df -h . "$${TMPDIR:-/tmp}"; echo "creating $(VENV) failed (free space above)" >&2; exit 1; }
 	$(VENV)/bin/python -m pip install -q uv
 	$(UV) pip install -q --python $(VENV)/bin/python $(UV_FLAGS) -e ".[$(EXTRAS)]"
 	$(UV) pip install -q --python $(VENV)/bin/python $(UV_FLAGS) -e ".[$(MODEL_EXTRAS)]"

@@ -24,6 +24,7 @@ The rollouts are shaped like the real-model recipe's (recipes/smollm2-135m-arith
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import sys
 import tempfile
@@ -178,11 +179,11 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=5, help="versions published to the replica (default %(default)s)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads of the trainer parts (default "
                                                                "%(default)s: the whole machine; a run gives its trainer 1)")
+    parser.add_argument("--keep", action="store_true", help="keep the work folder (about 8 GB: checkpoints, versions)")
     args = parser.parse_args()
 
     import torch
     from fetch import imported
-    from reload import publish_to_serving
 
     torch.set_num_threads(args.threads)
     model_dir = imported("smollm2")
@@ -190,6 +191,15 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-real-model-"))
     print(f"SmolLM2-135M-Instruct from {model_dir} ({size_mb:.0f} MB float32); {args.threads} torch threads; "
           f"work in {work}", flush=True)
+    try:
+        measure(args, model_dir, size_mb, work)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def measure(args: argparse.Namespace, model_dir: Path, size_mb: float, work: Path) -> None:
+    from reload import publish_to_serving
 
     rates = trainer_rates(model_dir, work / "trainer", args.steps, args.batch)
     limit = decode_limit(model_dir, args.batch)
@@ -197,7 +207,7 @@ def main() -> None:
     sampled = vllm_rate(model_dir, work, args.batch)
     print(f"vLLM: {sampled:,.0f} tokens/s sampling {args.batch} sequences at once", flush=True)
     rows = publish_to_serving(versions_of(model_dir, work), args.trials, work)
-    reload_s, download_s, swap_s, raw_s = (statistics.median(c) for c in zip(*rows))
+    reload_s, download_s, swap_s, raw_s, drain_s, apply_s = (statistics.median(c) for c in zip(*rows))
 
     print(f"\n{'':<44} {'figure':>14} {'baseline':>14} {'ratio':>7}")
     print(f"{'trainer end to end (trained tokens/s)':<44} {rates['trainer']:14,.0f} {rates['bare']:14,.0f} "
@@ -206,7 +216,8 @@ def main() -> None:
           f"{rates['train_step'] / rates['bare']:7.2f}")
     print(f"{'vLLM sampling (tokens/s)':<44} {sampled:14,.0f} {limit:14,.0f} {sampled / limit:7.2f}")
     print(f"{'publish to serving vs raw download+load (s)':<44} {reload_s:14.2f} {raw_s:14.2f} {reload_s / raw_s:7.2f}")
-    print(f"reload parts (median of {len(rows)}): download+verify {download_s:.2f} s, swap {swap_s:.2f} s")
+    print(f"reload parts (median of {len(rows)}): download+verify {download_s:.2f} s, pause {swap_s:.2f} s "
+          f"(drain {drain_s:.2f} s, load {apply_s:.2f} s)")
     print(f"RESULT checkpoint_mb={size_mb:.0f} trainer_tokens_per_s={rates['trainer']:.4g} "
           f"train_step_tokens_per_s={rates['train_step']:.4g} bare_step_tokens_per_s={rates['bare']:.4g} "
           f"trainer_vs_bare={rates['trainer'] / rates['bare']:.3g} vllm_tokens_per_s={sampled:.4g} "

@@ -42,6 +42,9 @@ ITEM_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2,
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 MAX_CHANGED_SHARE = 0.5
 """Past this share of changed elements a delta (index and value per element) is no smaller than the file."""
+SAMPLE_ELEMENTS = 1 << 20
+SAMPLED_GIVE_UP_SHARE = 0.75
+"""A sample of `SAMPLE_ELEMENTS` this far past `MAX_CHANGED_SHARE` ends the attempt before the full comparison."""
 _ZLIB_LEVEL = 1  # the sign-and-exponent bytes of the new values compress; a higher level buys little for its time
 
 
@@ -94,14 +97,20 @@ def encode(base_file: Path, new_file: Path, out: Path, *, base_sha256: str | Non
     base_start, base_header = _layout(base.data, base_file.name)
     if start != base_start or bytes(base[:start]) != bytes(new[:start]) or len(base) != len(new):
         return None
-    changes, elements, changed = [], 0, 0
-    for name, info in sorted(header.items(), key=lambda item: item[1]["data_offsets"][0]):
+    tensors_in_order = sorted(header.items(), key=lambda item: item[1]["data_offsets"][0])
+    elements = sum(_elements(new, start, info).size for _, info in tensors_in_order)
+    # float32 training moves nearly every element each step: a strided sample says so at once,
+    # before any change list is built (those would take 8 bytes an element)
+    if _sampled_changed_share(base, new, start, tensors_in_order) > SAMPLED_GIVE_UP_SHARE:
+        return None
+    changes, changed = [], 0
+    for name, info in tensors_in_order:
         old_bits, new_bits = _elements(base, start, info), _elements(new, start, info)
         index = np.flatnonzero(old_bits != new_bits)
-        elements, changed = elements + new_bits.size, changed + index.size
+        changed += index.size
+        if changed > MAX_CHANGED_SHARE * elements:
+            return None
         changes.append((name, new_bits, index))
-    if changed > MAX_CHANGED_SHARE * elements:  # float32 training: nearly every element moves each step
-        return None
     tensors = []
     for name, new_bits, index in changes:
         if index.size == 0:
@@ -118,6 +127,18 @@ def encode(base_file: Path, new_file: Path, out: Path, *, base_sha256: str | Non
     data = zlib.compress(payload, _ZLIB_LEVEL)
     out.write_bytes(data)
     return DeltaStats(elements=elements, changed=changed, delta_bytes=len(data), full_bytes=len(new))
+
+
+def _sampled_changed_share(base: np.ndarray, new: np.ndarray, start: int, tensors: list[tuple[str, dict]]) -> float:
+    """The share of changed elements over about `SAMPLE_ELEMENTS` of them, evenly strided through
+    every tensor."""
+    total = sum(_elements(new, start, info).size for _, info in tensors)
+    stride = max(1, total // SAMPLE_ELEMENTS)
+    sampled = changed = 0
+    for _, info in tensors:
+        old_bits, new_bits = _elements(base, start, info)[::stride], _elements(new, start, info)[::stride]
+        sampled, changed = sampled + new_bits.size, changed + int(np.count_nonzero(old_bits != new_bits))
+    return changed / max(sampled, 1)
 
 
 def apply(base_file: Path, delta_file: Path, out: Path, *, check_base: bool = True) -> None:

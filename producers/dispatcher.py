@@ -2,6 +2,7 @@
 trainer's off-policy budget allows.
 
     reads:  <prefix>.train (steps: rollouts trained), <prefix>.drops (rollouts dropped),
+            <prefix>.sampling (rollouts that made their first generation request),
             <prefix>.weights (versions published), <prefix>.fleet (which version each replica serves),
             <prefix>.deadletter (rollouts and tasks a component refused: counted back)
     writes: <prefix>.tasks (TaskAssigned, key: group id)
@@ -17,6 +18,19 @@ slips past it, e.g. after a slow group). `max_off_policy = 0` makes the loop syn
 step's worth of work at a time. In flight = rollouts issued - rollouts trained - rollouts dropped.
 Rollouts dead-lettered downstream count as accounted too (a dead task as its whole group).
 
+A rollout's tokens take their version when they are sampled, not when the task is issued: one
+still waiting on its environment (or on a free env-worker slot) cannot go stale yet. So the budget
+counts a rollout from its first generation request (`SamplingStarted`, sent by its env worker).
+A new group must fit as if it sampled at once, and of the rollouts already waiting, only those
+past an allowance of `waiting_rollouts` count:
+
+    sampling + max(group_size, waiting + group_size - waiting_rollouts) <= (max_off_policy + 1) * batch_rollouts
+
+With `waiting_rollouts = 0` (the synchronous loop's default) this is the rule above; with no
+environment latency nothing waits and it is that rule too. Waiting rollouts that all start at once
+can push the sampling ones past the budget by up to the allowance; the trainer drops what is then
+too stale (`drops`, reason `stale`).
+
 A rollout also starts behind when the fleet has not loaded the trainer's newest weights yet.
 Once replicas report on the fleet topic, no group is issued while the oldest version a running
 replica serves is more than `max_off_policy` behind the trainer's version (so the synchronous loop
@@ -29,6 +43,7 @@ dropped as stale.
 from __future__ import annotations
 
 import random
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import Annotated
 
@@ -41,7 +56,7 @@ from rollwire.schemas.deadletter import DeadLetter
 from rollwire.schemas.envelope import Codec
 from rollwire.schemas.errors import SchemaError
 from rollwire.schemas.feedback import PRODUCTION_GROUP_PREFIX
-from rollwire.schemas.rollout import SamplingParams, TaskAssigned
+from rollwire.schemas.rollout import SamplingParams, SamplingStarted, TaskAssigned
 from rollwire.schemas.topics import Topics
 from rollwire.schemas.training import RolloutsDropped, TrainStepCompleted
 from rollwire.schemas.weights import ReplicaStatus, WeightsPublished
@@ -89,9 +104,20 @@ def endless(taskset: Taskset) -> Iterator[dict]:
             raise ConfigError(f"taskset {taskset.name!r} has no rows")
 
 
-def may_issue(in_flight: int, group_size: int, max_off_policy: int, batch_rollouts: int) -> bool:
-    """Whether a group of `group_size` fits the off-policy budget (see the module docstring)."""
-    return in_flight + group_size <= (max_off_policy + 1) * batch_rollouts
+def may_issue(in_flight: int, group_size: int, max_off_policy: int, batch_rollouts: int, *, sampling: int | None = None,
+              waiting_rollouts: int = 0) -> bool:
+    """Whether a group of `group_size` fits the off-policy budget (see the module docstring).
+    `sampling`: how many of the rollouts in flight have started sampling (None: all of them)."""
+    sampling = in_flight if sampling is None else min(sampling, in_flight)
+    waiting = in_flight - sampling
+    return sampling + max(group_size, waiting + group_size - waiting_rollouts) <= (max_off_policy + 1) * batch_rollouts
+
+
+def default_waiting_rollouts(budget: BatchSettings) -> int:
+    """`BatchSettings.waiting_rollouts`, its default filled in."""
+    if budget.waiting_rollouts is not None:
+        return budget.waiting_rollouts
+    return budget.max_off_policy * (budget.batch_rollouts or 0)
 
 
 class Dispatcher:
@@ -107,7 +133,8 @@ class Dispatcher:
         self.settings = settings or DispatcherSettings()
         self.producer = EventProducer(log.producer(), topics, name="dispatcher")
         self.dead_letters = DeadLetters(self.producer, "dispatcher")
-        watched = [topics.train, topics.drops, topics.weights, topics.fleet, topics.deadletter]
+        self.waiting_rollouts = default_waiting_rollouts(budget)
+        watched = [topics.train, topics.drops, topics.weights, topics.fleet, topics.deadletter, topics.sampling]
         starts = {(t, p): 0 for t in watched for p in range(log.partitions(t))}
         self.progress = EventConsumer(log.reader(watched, AtOffsets(starts)), self.dead_letters)
         self.served: dict[str, int] = {}
@@ -116,6 +143,10 @@ class Dispatcher:
         self.rows: dict[str, Iterator[dict]] = {env.name: endless(taskset) for env, taskset in mix}
         self.rng = random.Random(self.settings.seed)
         self.issued = self.accounted = 0
+        self.started = 0
+        """Rollouts that sent `SamplingStarted` (each once: a re-run after a worker's crash is recognised)."""
+        self._started_ids: OrderedDict[tuple[str, int], None] = OrderedDict()
+        self._dedupe_window = budget.dedupe_window
         self.dead_lettered = 0
         """Rollouts counted back because a component dead-lettered them (or their task)."""
         self.policy_version = 0
@@ -131,6 +162,21 @@ class Dispatcher:
     @property
     def in_flight(self) -> int:
         return self.issued - self.accounted
+
+    @property
+    def sampling(self) -> int:
+        """Rollouts in flight that have started sampling (events read in another order than they
+        were sent, across topics, can put this briefly below the truth, never above `in_flight`)."""
+        return max(0, min(self.started - self.accounted, self.in_flight))
+
+    def _count_started(self, event: SamplingStarted) -> None:
+        key = (event.group_id, event.sample_index)
+        if key in self._started_ids:
+            return
+        self._started_ids[key] = None
+        if len(self._started_ids) > self._dedupe_window:
+            self._started_ids.popitem(last=False)
+        self.started += 1
 
     def _read_progress(self, timeout_s: float) -> None:
         deliveries = self.progress.poll_batch(1000, timeout_s)
@@ -150,6 +196,8 @@ class Dispatcher:
                     self.served.pop(event.replica_id, None)
                 else:
                     self.served[event.replica_id] = event.serving_version or 0
+            elif isinstance(event, SamplingStarted):
+                self._count_started(event)
             elif isinstance(event, DeadLetter):
                 self._count_back(event)
 
@@ -187,7 +235,8 @@ class Dispatcher:
         issued = 0
         while self.fleet_caught_up:
             env = self.rng.choices([e for e, _ in self.mix], weights=[e.weight for e, _ in self.mix])[0]
-            if not may_issue(self.in_flight, env.group_size, self.budget.max_off_policy, self.batch_rollouts):
+            if not may_issue(self.in_flight, env.group_size, self.budget.max_off_policy, self.batch_rollouts,
+                             sampling=self.sampling, waiting_rollouts=self.waiting_rollouts):
                 break
             row = next(self.rows[env.name])
             task = TaskAssigned(task_id=row["task_id"], environment=env.name, algorithm=env.algorithm,

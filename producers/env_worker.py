@@ -1,7 +1,8 @@
 """The env worker: tasks in, scored-by-environment rollouts out, with exact token provenance.
 
     reads:  <prefix>.tasks     (consumer group `<prefix>-env-worker`: more workers, more throughput)
-    writes: <prefix>.rollouts, <prefix>.traces, <prefix>.deadletter
+    writes: <prefix>.rollouts, <prefix>.traces, <prefix>.deadletter,
+            <prefix>.sampling (SamplingStarted: a rollout's first generation request, for the dispatcher's budget)
 
 It streams. Up to `concurrency` rollouts are in flight at all times, each on its own thread; the
 moment one finishes it is judged by the taskset's reward functions and published (one
@@ -67,6 +68,7 @@ from rollwire.schemas.rollout import (
     RolloutCompleted,
     RolloutError,
     RolloutTimings,
+    SamplingStarted,
     TaskAssigned,
     TraceNode,
     TraceRecorded,
@@ -163,6 +165,8 @@ class _Slot:
     published: bool = False
     """Set, under the worker's lock, by whichever publishes it first: its thread, the timeout
     watchdog, or `close`."""
+    sampling_reported: bool = False
+    """Its `SamplingStarted` was sent (under the worker's lock)."""
 
 
 def rollout_id(group_id: str, index: int) -> str:
@@ -316,7 +320,7 @@ class EnvWorker:
     def _run_slot(self, slot: _Slot) -> None:
         try:
             rollout, trace = self._traced_rollout(slot.task.parent, slot.task.delivery.event, slot.task.taskset,
-                                                  slot.index)
+                                                  slot.index, on_first_request=lambda: self._report_sampling(slot))
         except Exception as exc:  # a bug of ours, not the harness's: still account for the rollout
             logger.exception("rollout %d of group %s failed in the worker", slot.index, slot.task.delivery.event.group_id)
             rollout, trace = self._errored(slot.task.delivery.event, slot.index, "harness_crash",
@@ -331,6 +335,8 @@ class EnvWorker:
                 return
             slot.published = True
             key = rollout.group_id
+            if not slot.sampling_reported:  # it never sampled: reported with its result, before it
+                self._send_sampling(slot, sampled=False)
             with telemetry.continued(rollout.traceparent):  # sends are children of the rollout span
                 self.producer.send(self.topics.rollouts, rollout, key=key)
                 self._send_trace(trace, key)
@@ -342,6 +348,21 @@ class EnvWorker:
                                "outcome": "errored" if rollout.error is not None else "completed"})
         self._freed.set()
         self.inference_gate.notify()
+
+    def _report_sampling(self, slot: _Slot) -> None:
+        """The rollout's first generation request is going out: from now on it counts against the
+        dispatcher's off-policy budget."""
+        with self._lock:
+            if not slot.sampling_reported and not slot.published:
+                self._send_sampling(slot, sampled=True)
+
+    def _send_sampling(self, slot: _Slot, *, sampled: bool) -> None:
+        """Under the worker's lock."""
+        slot.sampling_reported = True
+        task = slot.task.delivery.event
+        self.producer.send(self.topics.sampling, SamplingStarted(group_id=task.group_id, sample_index=slot.index,
+                                                                 worker=self.settings.name, sampled=sampled),
+                           key=task.group_id)
 
     def _send_trace(self, trace: TraceRecorded, key: str) -> None:
         try:
@@ -358,22 +379,23 @@ class EnvWorker:
                        trace.rollout_id, too_large)
         self.producer.send(self.topics.traces, trace.model_copy(update={"nodes": []}), key=key)
 
-    def _traced_rollout(self, parent: Context, task: TaskAssigned, taskset: Taskset, index: int
-                        ) -> tuple[RolloutCompleted, TraceRecorded]:
+    def _traced_rollout(self, parent: Context, task: TaskAssigned, taskset: Taskset, index: int, *,
+                        on_first_request: Callable[[], None] | None = None) -> tuple[RolloutCompleted, TraceRecorded]:
         attributes: dict[str, str | int] = {"rollwire.group_id": task.group_id, "rollwire.environment": task.environment,
                       "rollwire.sample_index": index}
         with telemetry.tracer().start_as_current_span("rollout", context=parent, attributes=attributes) as span:
-            rollout, trace = self._rollout(task, taskset, index)
+            rollout, trace = self._rollout(task, taskset, index, on_first_request=on_first_request)
             span.set_attribute("rollwire.rollout_id", rollout.rollout_id)
             if rollout.error is not None:
                 span.set_status(Status(StatusCode.ERROR, f"{rollout.error.kind}: {rollout.error.message}"))
             return rollout.model_copy(update={"traceparent": telemetry.current_traceparent()}), trace
 
-    def _rollout(self, task: TaskAssigned, taskset: Taskset, index: int) -> tuple[RolloutCompleted, TraceRecorded]:
+    def _rollout(self, task: TaskAssigned, taskset: Taskset, index: int, *,
+                 on_first_request: Callable[[], None] | None = None) -> tuple[RolloutCompleted, TraceRecorded]:
         interceptor = Interceptor(self.router.route(), task.sampling, model=self.model, gate=self.inference_gate,
                                   max_sequence_tokens=self.settings.max_rollout_tokens,
                                   tool_call_format=None if self.settings.tool_call_format == "auto"
-                                  else self.settings.tool_call_format)
+                                  else self.settings.tool_call_format, on_first_request=on_first_request)
         started = time.perf_counter()
         if self._delay is not None:
             with self._lock:

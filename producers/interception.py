@@ -91,8 +91,12 @@ class Interceptor:
 
     def __init__(self, control: VllmControl | RolloutRoute, sampling: SamplingParams, *, model: str | None = None,
                  gate: InferenceGate | None = None, max_sequence_tokens: int | None = None,
-                 tool_call_format: ToolCallFormat | None = None) -> None:
+                 tool_call_format: ToolCallFormat | None = None,
+                 on_first_request: Callable[[], None] | None = None) -> None:
         self.control, self.sampling, self.model = control, sampling, model
+        self.on_first_request = on_first_request
+        """Called once, as the first generation request goes out: the rollout starts sampling
+        (the env worker reports it to the dispatcher's budget)."""
         self._tool_call_format = tool_call_format
         self.gate = gate or contextlib.nullcontext()
         """Held around each generation request: the worker's limit on requests in flight to the fleet."""
@@ -170,6 +174,10 @@ class Interceptor:
         started = time.perf_counter()
         with telemetry.tracer().start_as_current_span("inference generate", kind=SpanKind.CLIENT) as span:
             with self.gate:
+                with self._lock:  # an agent's calls may run on several threads
+                    first, self.on_first_request = self.on_first_request, None
+                if first is not None:
+                    first()
                 answer = self.control.generate(prompt_ids, max_tokens=max_tokens,
                                                temperature=self.sampling.temperature, model=self.model,
                                                stop_token_ids=stop_token_ids)

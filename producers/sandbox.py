@@ -158,6 +158,7 @@ class Container(Runtime):
         self._io.chmod(0o755)  # the container's user must reach the socket inside
         self.server.listen_unix(self._io / "model.sock")
         self._lock = threading.Lock()
+        self._clients: dict[str, subprocess.Popen] = {}  # every container started and not yet removed, by name
         self._remover = ThreadPoolExecutor(1, thread_name_prefix="container-remover")
         self._starter = ThreadPoolExecutor(1, thread_name_prefix="container-starter")
         self._pool: deque[Future[_Started]] = deque(self._starter.submit(self._start) for _ in range(self.settings.warm))
@@ -194,10 +195,19 @@ class Container(Runtime):
                 "--user", s.user, "--workdir", "/tmp", "-v", f"{self._io}:/rollwire/io",
                 "-v", f"{ENTRY}:/rollwire/entry.py:ro", *[arg for mount in s.mounts for arg in ("-v", f"{mount}:ro")],
                 "-e", "ROLLWIRE_SOCKET=/rollwire/io/model.sock", s.image, "python3", "/rollwire/entry.py", *command]
-        process = subprocess.Popen(argv, env={"PATH": os.environ.get("PATH", ""), **_docker_client_env()},
-                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                   errors="replace", preexec_fn=die_with_parent)
+        with self._lock:  # close() sets _closing under it: every container started before is in _clients
+            if self._closing:
+                raise HarnessError("the worker is stopping: no container is started for the rollout")
+            process = subprocess.Popen(argv, env={"PATH": os.environ.get("PATH", ""), **_docker_client_env()},
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                       text=True, errors="replace", preexec_fn=die_with_parent)
+            self._clients[name] = process
         return _Started(name, process)
+
+    def _remove(self, name: str) -> None:
+        self._call("rm", "-f", "-v", name)
+        with self._lock:
+            self._clients.pop(name, None)
 
     def _take(self) -> _Started:
         """A waiting container of the warm pool, topped up again at once; a fresh one without a pool.
@@ -223,13 +233,16 @@ class Container(Runtime):
             self._discard(started)
             raise HarnessTimeout(f"the container did not finish within {limit:g} s (the rollout's limit, the "
                                  "grading's and the start-up grace) and was removed") from exc
-        self._remover.submit(self._call, "rm", "-f", "-v", started.name)  # off the rollout's time
+        try:
+            self._remover.submit(self._remove, started.name)  # off the rollout's time
+        except RuntimeError:  # close() has shut the remover down
+            self._remove(started.name)
         return subprocess.CompletedProcess(started.process.args, started.process.returncode, stdout, stderr)
 
     def _discard(self, started: _Started) -> None:
         started.process.kill()
         started.process.communicate()
-        self._call("rm", "-f", "-v", started.name)
+        self._remove(started.name)
 
     def _retire(self, started: _Started) -> None:
         """Ends a pool container that got no rollout. Its client is given end of input rather than
@@ -240,7 +253,7 @@ class Container(Runtime):
         except subprocess.TimeoutExpired:
             started.process.kill()
             started.process.communicate()
-        self._call("rm", "-f", "-v", started.name)
+        self._remove(started.name)
 
     def _answer(self, done: subprocess.CompletedProcess, timeout_s: float, interceptor: Interceptor) -> str:
         lines = done.stdout.strip().splitlines()
@@ -300,13 +313,27 @@ class Container(Runtime):
                               env={"PATH": os.environ.get("PATH", ""), **_docker_client_env()})
 
     def close(self) -> None:
-        self._closing = True
+        """Removes every container this runtime started. Pool containers that got no rollout are
+        retired; those of rollouts still running (abandoned by the worker's drain) are removed, and
+        their rollouts fail. No container starts once this has begun."""
         with self._lock:
+            self._closing = True
             waiting, self._pool = list(self._pool), deque()
-        for started in waiting:
-            self._retire(started.result())
+        for future in waiting:
+            if future.exception() is None:  # a pool start not yet begun refuses (HarnessError)
+                self._retire(future.result())
         self._starter.shutdown(wait=True)
         self._remover.shutdown(wait=True)
+        with self._lock:
+            running = dict(self._clients)
+        for name, process in running.items():
+            self._call("rm", "-f", "-v", name)
+            try:  # its rollout's thread sees the container go, and _closing
+                process.wait(timeout=RETIRE_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            self._remove(name)  # again: a client stopped in its create request leaves the container after it
         listed = self._call("ps", "-aq", "--filter", f"label={OWNER_LABEL}={self.owner}")
         for cid in listed.stdout.split():
             self._call("rm", "-f", "-v", cid)

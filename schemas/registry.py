@@ -10,7 +10,7 @@ from rollwire.schemas.base import Event
 from rollwire.schemas.deadletter import DeadLetter
 from rollwire.schemas.feedback import FeedbackReceived
 from rollwire.schemas.joiner import FeedbackJoinState, PartnerRecord, SourceBaseline
-from rollwire.schemas.rollout import RolloutCompleted, ScoredRollout, TaskAssigned, TraceRecorded
+from rollwire.schemas.rollout import RolloutCompleted, SamplingStarted, ScoredRollout, TaskAssigned, TraceRecorded
 from rollwire.schemas.scorer import ScorerGroupRollout, ScorerGroupState, ScorerTick
 from rollwire.schemas.serving import ResponseServed
 from rollwire.schemas.training import RolloutsDropped, TrainStepCompleted
@@ -19,7 +19,8 @@ from rollwire.schemas.weights import ReplicaStatus, ServingDecision, WeightsPubl
 AnyEvent = Annotated[
     TaskAssigned | RolloutCompleted | TraceRecorded | ScoredRollout | WeightsPublished | ReplicaStatus
     | TrainStepCompleted | RolloutsDropped | FeedbackReceived | ResponseServed | DeadLetter | ScorerGroupState
-    | ScorerGroupRollout | ScorerTick | FeedbackJoinState | SourceBaseline | PartnerRecord | ServingDecision,
+    | ScorerGroupRollout | ScorerTick | FeedbackJoinState | SourceBaseline | PartnerRecord | ServingDecision
+    | SamplingStarted,
     Field(discriminator="type"),
 ]
 """Any rollwire event, discriminated on its `type` tag."""

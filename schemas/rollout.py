@@ -59,6 +59,25 @@ class TaskAssigned(Event):
     """When the dispatcher issued the task (epoch ms)."""
 
 
+class SamplingStarted(Event):
+    """A rollout made its first generation request: from here its tokens are sampled by the fleet's
+    weights, so it counts against the dispatcher's off-policy budget; before, it waited on its
+    environment (`BatchSettings.waiting_rollouts`).
+
+    Produced by env workers on `sampling` (key: group id), once per rollout: at its first
+    generation request, or with its result when it never made one (an environment that failed
+    first). Consumed by the dispatcher.
+    """
+
+    type: Literal["sampling.started"] = "sampling.started"
+    group_id: str
+    sample_index: int = Field(ge=0)
+    worker: str
+    """The env worker running the rollout."""
+    sampled: bool = True
+    """False: the rollout ended without a generation request (sent with its result)."""
+
+
 class WeightVersionSpan(Part):
     """Completion tokens `[start, end)` were sampled by weight version `version`."""
 

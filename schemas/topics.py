@@ -17,7 +17,7 @@ from rollwire.schemas.deadletter import DeadLetter
 from rollwire.schemas.feedback import FeedbackReceived
 from rollwire.schemas.joiner import FeedbackJoinState, PartnerRecord, SourceBaseline
 from rollwire.schemas.registry import type_tag
-from rollwire.schemas.rollout import RolloutCompleted, ScoredRollout, TaskAssigned, TraceRecorded
+from rollwire.schemas.rollout import RolloutCompleted, SamplingStarted, ScoredRollout, TaskAssigned, TraceRecorded
 from rollwire.schemas.scorer import ScorerGroupRollout, ScorerGroupState, ScorerTick
 from rollwire.schemas.serving import ResponseServed
 from rollwire.schemas.training import RolloutsDropped, TrainStepCompleted
@@ -56,6 +56,8 @@ CATALOG: tuple[TopicSpec, ...] = (
               "dispatcher", "env workers"),
     TopicSpec("rollouts", (RolloutCompleted,), "group id", 4, "delete", 7 * DAY_MS,
               "env workers", "group scorer"),
+    TopicSpec("sampling", (SamplingStarted,), "group id", 1, "delete", 7 * DAY_MS,
+              "env workers", "dispatcher (the off-policy budget counts a rollout from here)"),
     TopicSpec("traces", (TraceRecorded,), "group id", 4, "delete", 7 * DAY_MS,
               "env workers", "debugging and replay tools"),
     TopicSpec("scored", (ScoredRollout,), "group id", 4, "delete", 7 * DAY_MS,

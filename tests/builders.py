@@ -21,6 +21,7 @@ from rollwire.schemas import (
     RolloutCompleted,
     RolloutsDropped,
     RolloutTimings,
+    SamplingStarted,
     ScoredRollout,
     ScorerGroupRollout,
     ScorerGroupState,
@@ -172,7 +173,8 @@ ALL: dict[str, Event] = {e.type: e for e in (task(), rollout(branches=[TokenSequ
     replica(drain_s=0.004, apply_s=0.03),
                                             train_step(), dropped(), feedback(), served(), dead_letter(),
                                             group_state(), group_rollout(), tick(), join_state(), source_baseline(),
-                                            partner_record(), serving_decision())}
+                                            partner_record(), serving_decision(),
+                                            SamplingStarted(group_id="group-1", sample_index=2, worker="env-worker-0"))}
 """One valid example of every event type, by type tag."""
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import psutil
@@ -80,6 +82,8 @@ def served_logprob_gaps(log, rollouts_topic: str, weights_root: Path) -> dict[in
     from reference import transformers_logprobs
 
     from rollwire.core.bus import HeldDeadLetters, read_to_end
+    from rollwire.core.objectstore import LocalStore
+    from rollwire.core.weight_versions import fetch, stored_version
     first: dict[int, tuple[object, int, int]] = {}
     for delivery in read_to_end(log, [rollouts_topic], HeldDeadLetters()):
         rollout = delivery.event
@@ -88,10 +92,15 @@ def served_logprob_gaps(log, rollouts_topic: str, weights_root: Path) -> dict[in
                 if span.version >= 1 and span.end > span.start:
                     first.setdefault(span.version, (rollout, span.start, span.end))
     gaps = {}
-    for version, (rollout, start, end) in sorted(first.items()):
-        stored = transformers_logprobs(weights_root / "policy" / f"v{version:08d}", rollout.prompt_token_ids,
-                                       rollout.completion_token_ids)
-        gaps[version] = max(abs(a - b) for a, b in zip(rollout.completion_logprobs[start:end], stored[start:end]))
+    store = LocalStore(weights_root)
+    with tempfile.TemporaryDirectory(prefix="served-") as scratch:
+        for version, (rollout, start, end) in sorted(first.items()):
+            published = stored_version(store, "policy", version)  # a delta is rebuilt on its base, as a replica does
+            folder = Path(scratch) / f"v{version}"
+            fetch(store, published.uri, published.manifest_sha256, folder)
+            stored = transformers_logprobs(folder, rollout.prompt_token_ids, rollout.completion_token_ids)
+            gaps[version] = max(abs(a - b) for a, b in zip(rollout.completion_logprobs[start:end], stored[start:end]))
+            shutil.rmtree(folder)
     return gaps
 
 

@@ -31,6 +31,12 @@ class BatchSettings(BaseModel):
     """Rollouts per step; None to pack by tokens only."""
     batch_tokens: int | None = Field(default=None, ge=1)
     """Most prompt plus completion tokens per step; None to pack by rollouts only."""
+    waiting_rollouts: int | None = Field(default=None, ge=0)
+    """Rollouts the dispatcher may have issued that have not made their first generation request
+    yet (waiting on their environment, or on a free env-worker slot) without counting them against
+    the off-policy budget: a rollout's tokens get their version when it samples, not when its task
+    is issued. None: `max_off_policy` x `batch_rollouts` (0 for the synchronous loop, which stays
+    one batch at a time). Past the allowance a waiting rollout counts as if sampling."""
     dedupe_window: int = Field(default=200_000, ge=1)
     """Rollout ids remembered to recognise redeliveries."""
 

@@ -27,8 +27,9 @@ def add_dispatch(sub) -> None:
     dispatch = sub.add_parser(
         "dispatch", help="hand out tasks from a mix of environments, paced by the off-policy budget",
         description="Issues task events from one or more environments, mixed by weight, each naming its "
-                    "advantage algorithm; keeps the rollouts in flight within (max_off_policy + 1) trainer "
-                    "batches, reading trainer steps and drops to know what is done.",
+                    "advantage algorithm; keeps the rollouts that are sampling within (max_off_policy + 1) trainer "
+                    "batches, plus up to --waiting-rollouts that wait on their environment, reading trainer steps, "
+                    "drops and the env workers' first generation requests to know what is where.",
         epilog="example:\n  rollwire dispatch --env reverse-digits --env math-word:0.25 "
                "--option math-word.path=data/gsm8k.jsonl --group-size 8",
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -40,7 +41,7 @@ def add_dispatch(sub) -> None:
     add_settings_flags(mix, EnvironmentMix, ["algorithm", "group_size"])
     add_settings_flags(mix, SamplingParams, ["temperature", "max_tokens"])
     budget = dispatch.add_argument_group("the trainer's batches, which set the budget (trainer.batch in a recipe)")
-    add_settings_flags(budget, BatchSettings, ["max_off_policy", "batch_rollouts"])
+    add_settings_flags(budget, BatchSettings, ["max_off_policy", "batch_rollouts", "waiting_rollouts"])
     add_settings_flags(dispatch, DispatcherSettings, ["seed"])
     dispatch.add_argument("--max-groups", type=int, help="stop after issuing this many groups")
     add_bus_options(dispatch)
@@ -100,7 +101,7 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
     sampling = SamplingParams(**settings_flags(args, ["temperature", "max_tokens"]))
     mix = [(EnvironmentMix(name=n, weight=w, sampling=sampling, **settings_flags(args, ["algorithm", "group_size"])),
             tasksets[n]) for n, w in weights.items()]
-    budget = BatchSettings(**settings_flags(args, ["max_off_policy", "batch_rollouts"]))
+    budget = BatchSettings(**settings_flags(args, ["max_off_policy", "batch_rollouts", "waiting_rollouts"]))
     topics = Topics(args.prefix)
     with open_log(bus_settings(args)) as log:
         log.create_topics(catalog_topics(topics))

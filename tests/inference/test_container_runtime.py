@@ -20,6 +20,7 @@ from rollwire.consumers.vllm_control import VllmControl
 from rollwire.core.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
 from rollwire.producers.assembly import assemble
 from rollwire.producers.env_worker import EnvWorker, EnvWorkerSettings
+from rollwire.producers.harnesses import HarnessError
 from rollwire.producers.interception import Interceptor
 from rollwire.producers.routing import Router
 from rollwire.producers.sandbox import OWNER_LABEL, Container, ContainerSettings
@@ -144,6 +145,36 @@ def test_a_dead_workers_containers_are_removed_by_the_next_runtime(agents):
     runtime.close()
     gone = subprocess.run(["docker", "inspect", orphan], capture_output=True, text=True)
     assert gone.returncode != 0, "the dead worker's container is still there"
+    assert not left_running()
+
+
+def test_closing_removes_a_running_rollouts_container_and_starts_none_after(agents):
+    """A worker that stops with a rollout still running (its drain over) closes the runtime: the
+    running container is removed and its rollout fails, a waiting pool container is retired, and
+    a rollout that arrives after the close starts no container."""
+    import threading
+    runtime = Container(settings(agents, warm=1))
+    interceptor = Interceptor(VllmControl("http://127.0.0.1:9"), SamplingParams())
+    outcome: list[BaseException | str] = []
+
+    def hanging_rollout() -> None:
+        try:
+            outcome.append(runtime.run("unused", {"behave": "hang"}, interceptor, timeout_s=600))
+        except BaseException as exc:  # noqa: BLE001 - the test reads what ended it
+            outcome.append(exc)
+
+    thread = threading.Thread(target=hanging_rollout)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while len(left_running()) < 2:  # the hanging rollout's container and the pool's next one
+        assert time.monotonic() < deadline, "the rollout's and the pool's containers did not start"
+        time.sleep(0.2)
+    runtime.close()
+    thread.join(timeout=60)
+    assert not thread.is_alive() and isinstance(outcome[0], HarnessError), outcome
+    assert not left_running()
+    with pytest.raises(HarnessError, match="stopping"):
+        runtime.run("unused", {"behave": "give-up"}, interceptor, timeout_s=30)
     assert not left_running()
 
 

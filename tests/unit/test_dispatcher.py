@@ -14,13 +14,57 @@ def test_the_budget_is_max_off_policy_plus_one_batches():
     assert may_issue(16, 8, 2, 8) and not may_issue(17, 8, 2, 8)
 
 
+def test_rollouts_waiting_to_sample_are_free_up_to_the_allowance_and_count_past_it():
+    # 24 sampling of a budget of 24 (max_off_policy 2, batches of 8): no room, as the group may sample at once
+    assert not may_issue(24, 8, 2, 8, sampling=24, waiting_rollouts=16)
+    # 16 sampling, 8 waiting: a group of 8 more fits the budget, and waits within the allowance of 16
+    assert may_issue(24, 8, 2, 8, sampling=16, waiting_rollouts=16)
+    # 16 sampling, 16 waiting: the group would be 8 past the allowance, counted: 16 + 8 <= 24
+    assert may_issue(32, 8, 2, 8, sampling=16, waiting_rollouts=16)
+    assert not may_issue(33, 8, 2, 8, sampling=17, waiting_rollouts=16)
+    # no allowance: every rollout in flight counts, sampling or not (the synchronous loop)
+    assert may_issue(0, 8, 0, 8, sampling=0, waiting_rollouts=0) and not may_issue(8, 8, 0, 8, sampling=0)
+
+
+def test_the_budget_counts_a_rollout_from_its_first_generation_request(tmp_path):
+    from rollwire.schemas import SamplingStarted
+    topics = Topics("s")
+    log = open_log(EmbeddedBusSettings(path=tmp_path / "log"))
+    log.create_topics(catalog_topics(topics))
+    mix = [(EnvironmentMix(name="reverse-digits", group_size=4), load_taskset("reverse-digits", count=50))]
+    dispatcher = Dispatcher(log, topics, mix, BatchSettings(max_off_policy=1, batch_rollouts=8))
+    assert dispatcher.waiting_rollouts == 8  # the default: max_off_policy batches
+    # nothing sampling: 16 of budget, plus 8 waiting free -> 24 rollouts, 6 groups
+    assert dispatcher.step() == 6 and dispatcher.in_flight == 24 and dispatcher.sampling == 0
+    workers = EventProducer(log.producer(), topics, name="env-worker")
+    tasks = []
+    with log.reader([topics.tasks]) as reader:
+        while batch := reader.poll_batch(100, 0.5):  # a poll may return one partition's records
+            tasks += [Codec().decode(r.value).event for r in batch]
+    assert len(tasks) == 6
+    first_two = [(t.group_id, i) for t in tasks[:2] for i in range(4)]
+    for group_id, index in first_two + first_two[:3]:  # three sent again: a worker re-ran them after a crash
+        workers.send(topics.sampling, SamplingStarted(group_id=group_id, sample_index=index, worker="w"), key=group_id)
+    workers.flush()
+    # 8 sampling, 16 waiting: 8 + max(4, 16 + 4 - 8) = 20 > 16: no group fits
+    assert dispatcher.step() == 0 and dispatcher.sampling == 8
+    trainer = EventProducer(log.producer(), topics, name="trainer")
+    trainer.send(topics.train, TrainStepCompleted(step=1, policy_version=1, rollout_ids=[f"r{i}" for i in range(8)]),
+                 key="policy")
+    trainer.flush()
+    # the 8 sampling ones trained: 0 sampling, 16 waiting -> one more group of 4 waits free, ... up to 24 waiting
+    assert dispatcher.step() == 2 and dispatcher.in_flight == 24 and dispatcher.sampling == 0
+    dispatcher.close()
+    log.close()
+
+
 def test_the_dispatcher_issues_only_what_the_trainer_can_take_in_time(tmp_path):
     topics = Topics("d")
     log = open_log(EmbeddedBusSettings(path=tmp_path / "log"))
     log.create_topics(catalog_topics(topics))
     mix = [(EnvironmentMix(name="reverse-digits", group_size=4, weight=3.0), load_taskset("reverse-digits", count=50)),
            (EnvironmentMix(name="math-word", group_size=4, weight=1.0, algorithm="rloo"), _math(tmp_path))]
-    dispatcher = Dispatcher(log, topics, mix, BatchSettings(max_off_policy=1, batch_rollouts=8))
+    dispatcher = Dispatcher(log, topics, mix, BatchSettings(max_off_policy=1, batch_rollouts=8, waiting_rollouts=0))
 
     assert dispatcher.step() == 4 and dispatcher.in_flight == 16  # (1 + 1) * 8 rollouts
     assert dispatcher.step() == 0
@@ -41,7 +85,7 @@ def test_the_dispatcher_issues_only_what_the_trainer_can_take_in_time(tmp_path):
     assert dispatcher.step() == 0 and dispatcher.in_flight == 16
     dispatcher.close()
 
-    restarted = Dispatcher(log, topics, mix, BatchSettings(max_off_policy=1, batch_rollouts=8))
+    restarted = Dispatcher(log, topics, mix, BatchSettings(max_off_policy=1, batch_rollouts=8, waiting_rollouts=0))
     assert restarted.step() == 0 and restarted.in_flight == 16  # its predecessor's work counts
     restarted.close()
     with log.reader([topics.tasks]) as reader:

@@ -169,6 +169,37 @@ def test_waiting_on_the_environment_holds_no_inference_slot(tmp_path):
     assert all(r.completion_token_ids == [5, 6] and r.error is None for _, r in published(log, topics))
 
 
+def test_each_rollout_reports_its_first_generation_request_once_or_with_its_result(tmp_path):
+    """The dispatcher's budget counts a rollout from its first generation request: the worker sends
+    `SamplingStarted` as it goes out (after the environment's wait, before the result), once however
+    many calls follow, and with the result for a rollout that never called the model."""
+    log, topics = setup(tmp_path, {"samples": 0.3, "model-free": 0.1})
+    fleet = FakeFleet(seconds=0.3)
+    called_at: dict[str, float] = {}
+
+    def env_then_model(row, interceptor):
+        time.sleep(row["delay"])  # the environment
+        if row["task_id"] == "model-free":
+            return "21"
+        called_at[row["task_id"]] = time.time()
+        interceptor.complete_ids([1, 2, 3])
+        return interceptor.complete_ids([1, 2, 3, 4])
+
+    worker = worker_for(log, topics, env_then_model, fleet, concurrency=2)
+    try:
+        step_until(worker, lambda: worker.published_total == 2)
+    finally:
+        worker.close()
+    with log.reader([topics.sampling]) as reader:
+        records = reader.poll_batch(100, 0.5)
+    started = {Codec().decode(r.value).event.group_id: (r.timestamp_ms, Codec().decode(r.value).event) for r in records}
+    assert len(records) == 2 and started["samples"][1].sampled and not started["model-free"][1].sampled
+    rollouts = {r.task_id: at for at, r in published(log, topics)}
+    at = started["samples"][0] / 1000
+    assert called_at["samples"] - 0.05 <= at < called_at["samples"] + 0.2, "sent as the first request went out"
+    assert started["samples"][0] < rollouts["samples"] and started["model-free"][0] <= rollouts["model-free"]
+
+
 def test_a_rollout_past_its_timeout_is_published_errored_at_the_deadline(tmp_path):
     log, topics = setup(tmp_path, {"hangs": 3.0})
     worker = worker_for(log, topics, Harness(), concurrency=1, rollout_timeout_s=0.5)

@@ -61,6 +61,21 @@ def test_no_delta_where_the_layout_changed_or_most_elements_moved(tmp_path):
     assert not (tmp_path / "ab.delta").exists() and not (tmp_path / "ac.delta").exists()
 
 
+def test_float32_training_is_given_up_on_a_sample_and_a_mostly_moved_file_part_way(tmp_path, monkeypatch):
+    """Past the sample's threshold no change list is built; between the two thresholds the
+    comparison stops at the tensor where the changes pass half the file."""
+    torch.manual_seed(0)
+    old = {"a": torch.randn(1000), "b": torch.randn(1000), "c": torch.randn(1000)}
+    base = save(tmp_path / "old.safetensors", old)
+    moved = save(tmp_path / "moved.safetensors", {k: v + 1 for k, v in old.items()})
+    most = save(tmp_path / "most.safetensors", {"a": old["a"] + 1, "b": old["b"] + 1, "c": old["c"]})
+    compared = []
+    flatnonzero = np.flatnonzero
+    monkeypatch.setattr(weight_deltas.np, "flatnonzero", lambda a: compared.append(a.size) or flatnonzero(a))
+    assert weight_deltas.encode(base, moved, tmp_path / "moved.delta") is None and compared == []
+    assert weight_deltas.encode(base, most, tmp_path / "most.delta") is None and compared == [1000, 1000]
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(min_value=0, max_value=2**40), max_size=50))
 def test_change_lists_round_trip(values):
