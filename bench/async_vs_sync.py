@@ -1,6 +1,6 @@
 """Latency hiding: asynchronous vs synchronous RL under environments with a long latency tail.
 
-    python bench/async_vs_sync.py [--settings 0,4,8] [--latencies lognormal,pareto] [--steps 30]
+    python bench/async_vs_sync.py [--settings 0,4,8] [--latencies lognormal,pareto] [--steps 30] [--repeats 3]
 
 The whole `rollwire run` pipeline (vLLM server, env worker, scorer, trainer, dispatcher on the
 embedded log) once per `max_off_policy` setting and environment latency, with every rollout
@@ -23,9 +23,14 @@ Per run, over the steps after `--warmup`:
 For the synchronous runs it also prints each hop of a step (`bench/hops.py`) and the floor: the
 slowest environment draw of each batch plus the zero-latency synchronous step.
 
+Each setting runs `--repeats` times; rates are medians, and each figure carries its spread: half
+the range over the repeats, as a share of the median (for hiding, the spreads of its two rates
+added). The zero-latency runs take `--zero-steps` steps, so that they last as long as the others
+(a 3-6 s measurement swung hiding between 0.71 and 1.29 from one run to the next).
+
 The last line is `RESULT ...`: the hiding of the best asynchronous setting under each latency, the
 asynchronous/synchronous speedup and the synchronous loop against its floor. Each run starts its
-own vLLM server (~40 s here): the whole benchmark takes 10-15 minutes.
+own vLLM server (~40 s here): one repeat of the default settings takes 10-15 minutes.
 """
 
 from __future__ import annotations
@@ -99,7 +104,7 @@ def measure(folder: Path, name: str, max_off_policy: int, steps: int, distributi
     path = folder / f"{name}.toml"
     path.write_text(env_bound_recipe(steps=steps, distribution=distribution, scale=scale, max_off_policy=max_off_policy,
                                      concurrency=args.concurrency, inference_concurrency=args.inference_concurrency,
-                                     inference_window=args.inference_window))
+                                     inference_window=args.inference_window, waiting_rollouts=args.waiting_rollouts))
     recipe = load_recipe(path, run_dir=str(folder / name))
     sampler = CpuSampler()
     result = run(recipe, console=Console(stderr=True, quiet=True))
@@ -126,6 +131,15 @@ def main() -> int:
                         help="trainer steps per asynchronous run (default: %(default)s)")
     parser.add_argument("--sync-steps", type=int, default=14,
                         help="trainer steps per synchronous run, whose steps are longer (default: %(default)s)")
+    parser.add_argument("--zero-steps", type=int, default=90,
+                        help="trainer steps per asynchronous run at zero latency, whose steps are shorter "
+                             "(default: %(default)s)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="runs of each setting; figures are medians with their spread (default: %(default)s)")
+    parser.add_argument("--waiting-rollouts", type=int, default=None,
+                        help="the dispatcher's allowance of issued rollouts not yet sampling (default: its own, "
+                             "max_off_policy batches; 0 counts every rollout from its issue, as before the "
+                             "budget counted from sampling)")
     parser.add_argument("--warmup", type=int, default=2, help="first steps left out of the figures (default: %(default)s)")
     parser.add_argument("--latencies", default="lognormal,pareto",
                         help="latency distributions to run besides zero (default: %(default)s)")
@@ -148,21 +162,33 @@ def main() -> int:
         raise SystemExit("--latencies takes lognormal and/or pareto")
     print(f"env-worker concurrency {args.concurrency}, inference concurrency {args.inference_concurrency}, "
           f"inference window {args.inference_window * 1000:.0f} ms; "
-          f"batch 32 rollouts, groups of 8", flush=True)
+          f"batch 32 rollouts, groups of 8; waiting_rollouts "
+          f"{'default' if args.waiting_rollouts is None else args.waiting_rollouts}", flush=True)
     results: dict[tuple[str, int], dict] = {}
+    spreads: dict[tuple[str, int], float] = {}
     with tempfile.TemporaryDirectory(prefix="rollwire-bench-") as tmp:
         for latency in ["zero", *latencies]:
             distribution, scale = ("lognormal", args.scale * 0.001) if latency == "zero" else (latency, args.scale)
             for value in settings:
-                steps = args.sync_steps if value == 0 else args.steps
-                print(f"{latency} latency, max_off_policy={value}: running {steps} steps …", file=sys.stderr,
-                      flush=True)
-                r = results[(latency, value)] = measure(Path(tmp), f"{latency}-off{value}", value, steps, distribution,
-                                                        scale, args.warmup, args)
+                steps = args.sync_steps if value == 0 else args.zero_steps if latency == "zero" else args.steps
+                runs = []
+                for repeat in range(args.repeats):
+                    print(f"{latency} latency, max_off_policy={value}: running {steps} steps "
+                          f"(repeat {repeat + 1} of {args.repeats}) …", file=sys.stderr, flush=True)
+                    runs.append(measure(Path(tmp), f"{latency}-off{value}-r{repeat}", value, steps, distribution,
+                                        scale, args.warmup, args))
+                rates = [run["samples_per_s"] for run in runs]
+                r = results[(latency, value)] = min(runs, key=lambda run: abs(run["samples_per_s"] -
+                                                                              statistics.median(rates)))
+                r["samples_per_s"] = statistics.median(rates)
+                spreads[(latency, value)] = (max(rates) - min(rates)) / 2 / r["samples_per_s"]
                 zero = results[("zero", value)]["samples_per_s"]
-                print(f"{latency:>9}  max_off_policy={value:>2}  {r['samples_per_s']:7.1f} samples/s  "
-                      f"hiding {r['samples_per_s'] / zero:5.2f}  trainer idle {r['idle']:6.1%}  staleness mean "
-                      f"{r['staleness']:.2f} max {r['staleness_max']}  ({r['seconds']:.0f} s measured)", flush=True)
+                hiding_spread = spreads[(latency, value)] + spreads[("zero", value)]
+                print(f"{latency:>9}  max_off_policy={value:>2}  {r['samples_per_s']:7.1f} samples/s "
+                      f"(±{spreads[(latency, value)]:.0%} over {len(runs)})  hiding {r['samples_per_s'] / zero:5.2f} "
+                      f"±{hiding_spread:.0%}  trainer idle {r['idle']:6.1%}  staleness mean {r['staleness']:.2f} "
+                      f"max {r['staleness_max']}  ({r['seconds']:.0f} s measured; rates "
+                      f"{', '.join(f'{x:.1f}' for x in rates)})", flush=True)
                 print("           CPU ms per trained rollout: " + ", ".join(
                     f"{k} {v:.1f}" for k, v in r["cpu_ms_per_rollout"].items()), flush=True)
     zero_step = statistics.median(s.total_s for s in results[("zero", 0)]["hops"])
@@ -181,7 +207,8 @@ def main() -> int:
     for latency in latencies:
         best = max((v for v in settings if v > 0), key=lambda v: results[(latency, v)]["samples_per_s"])
         rate = results[(latency, best)]["samples_per_s"]
-        parts.append(f"{latency}: hiding={rate / results[('zero', best)]['samples_per_s']:.2f} at "
+        spread = spreads[(latency, best)] + spreads[("zero", best)]
+        parts.append(f"{latency}: hiding={rate / results[('zero', best)]['samples_per_s']:.2f}±{spread:.0%} at "
                      f"max_off_policy={best} ({rate:.1f} vs {results[('zero', best)]['samples_per_s']:.1f} samples/s), "
                      f"async/sync={rate / results[(latency, 0)]['samples_per_s']:.1f}x, "
                      f"sync/floor={floors[latency]:.2f}")

@@ -27,6 +27,7 @@ micro_batch_rollouts = 32
 [trainer.batch]
 batch_rollouts = 32
 max_off_policy = {max_off_policy}
+{waiting}
 [inference]
 max_model_len = 64
 replicas = {replicas}
@@ -35,8 +36,12 @@ replicas = {replicas}
 
 def env_bound_recipe(*, steps: int, scale: float, name: str = "bench", distribution: str = "lognormal",
                      sigma: float = 1.0, max_off_policy: int = 4, workers: int = 1, replicas: int = 1,
-                     concurrency: int = 8, inference_concurrency: int = 32, inference_window: float = 0.0) -> str:
-    """The TOML text; `scale` is the latency's median (lognormal) or minimum (pareto) in seconds."""
+                     concurrency: int = 8, inference_concurrency: int = 32, inference_window: float = 0.0,
+                     waiting_rollouts: int | None = None) -> str:
+    """The TOML text; `scale` is the latency's median (lognormal) or minimum (pareto) in seconds;
+    `waiting_rollouts` None leaves the dispatcher's default."""
+    waiting = "" if waiting_rollouts is None else f"waiting_rollouts = {waiting_rollouts}"
     return TEMPLATE.format(name=name, steps=steps, scale=scale, distribution=distribution, sigma=sigma,
                            max_off_policy=max_off_policy, workers=workers, replicas=replicas, concurrency=concurrency,
-                           inference_concurrency=inference_concurrency, inference_window=inference_window)
+                           inference_concurrency=inference_concurrency, inference_window=inference_window,
+                           waiting=waiting)

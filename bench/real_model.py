@@ -207,7 +207,7 @@ def measure(args: argparse.Namespace, model_dir: Path, size_mb: float, work: Pat
     sampled = vllm_rate(model_dir, work, args.batch)
     print(f"vLLM: {sampled:,.0f} tokens/s sampling {args.batch} sequences at once", flush=True)
     rows = publish_to_serving(versions_of(model_dir, work), args.trials, work)
-    reload_s, download_s, swap_s, raw_s, drain_s, apply_s = (statistics.median(c) for c in zip(*rows))
+    reload_s, download_s, swap_s, raw_s, drain_s, apply_s, _ = (statistics.median(c) for c in zip(*(r[:7] for r in rows)))
 
     print(f"\n{'':<44} {'figure':>14} {'baseline':>14} {'ratio':>7}")
     print(f"{'trainer end to end (trained tokens/s)':<44} {rates['trainer']:14,.0f} {rates['bare']:14,.0f} "

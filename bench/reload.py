@@ -9,7 +9,12 @@ reading the event, downloading and verifying every byte (hashed as it streams in
 parallel), and the hot swap. The baseline, measured in the same run on the same bytes, is the
 plain client downloading the checkpoint's files (`get_file`) and loading them with safetensors,
 into the same filesystem, keeping two versions on disk as the subscriber does: most of either
-time is writing 63 MB to disk. The last line is `RESULT name=value ...`.
+time is writing 63 MB to disk.
+
+The pause is the other figure: odd trials stage the version (the engine reads the files into
+memory while it still serves, and the pause only copies them in), even ones read inside the pause,
+as the replica did before staging: the baseline of the same swap on the same server. The last
+line is `RESULT name=value ...`.
 """
 
 from __future__ import annotations
@@ -25,9 +30,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def publish_to_serving(versions: list[Path], trials: int, work: Path, *, max_model_len: int = 512) -> list[tuple]:
+def publish_to_serving(versions: list[Path], trials: int, work: Path, *, max_model_len: int = 512,
+                       alternate_staging: bool = False) -> list[tuple]:
     """Serves `versions[0]` and publishes `versions[1]`, `versions[2]` in turn, `trials` times:
-    per trial (publish-to-serving, download+verify, swap, raw download+read), in seconds."""
+    per trial (publish-to-serving, download+verify, pause, raw download+read, drain, apply, staging,
+    staged), in seconds. `alternate_staging`: even trials reload without staging."""
     import logging
 
     from moto.server import ThreadedMotoServer
@@ -82,6 +89,7 @@ def publish_to_serving(versions: list[Path], trials: int, work: Path, *, max_mod
 
     try:
         for trial in range(1, trials + 1):
+            subscriber.settings.stage_weights = not alternate_staging or trial % 2 == 1
             published = publish(store, versions[1 + trial % 2], f"run/v{trial}", policy="policy", version=trial,
                                 step=trial)
             if trial % 2:  # alternate which goes first: the disk's write-back of one slows the other
@@ -90,11 +98,12 @@ def publish_to_serving(versions: list[Path], trials: int, work: Path, *, max_mod
             else:
                 total, status = to_serving(trial, published)
                 raw = raw_download(trial)
-            rows.append((total, status.download_s, status.swap_s, raw, status.drain_s, status.apply_s))
+            rows.append((total, status.download_s, status.swap_s, raw, status.drain_s, status.apply_s, status.stage_s,
+                         subscriber.settings.stage_weights))
             print(f"version {trial}: publish-to-serving {total * 1000:7.1f} ms (download+verify "
-                  f"{status.download_s * 1000:6.1f} ms, paused {status.swap_s * 1000:6.1f} ms: drain "
-                  f"{status.drain_s * 1000:5.1f}, apply {status.apply_s * 1000:5.1f}); "
-                  f"raw download+read {raw * 1000:6.1f} ms", flush=True)
+                  f"{status.download_s * 1000:6.1f} ms, staged while serving {status.stage_s * 1000:6.1f} ms, "
+                  f"paused {status.swap_s * 1000:6.1f} ms: drain {status.drain_s * 1000:5.1f}, apply "
+                  f"{status.apply_s * 1000:5.1f}); raw download+read {raw * 1000:6.1f} ms", flush=True)
     finally:
         server.stop()
         moto.stop()
@@ -117,13 +126,21 @@ def main() -> None:
     versions = [build_tiny_model(work / f"seed{s}", tokenizer, seed=s, **shape) for s in (0, 1, 2)]
     size_mb = sum(f.stat().st_size for f in versions[1].glob("*.safetensors")) / 1e6
     print(f"checkpoint: hidden {args.hidden}, {args.layers} layers, {size_mb:.1f} MB of safetensors")
-    rows = publish_to_serving(versions, args.trials, work)
-    total, download, swap, raw, drain, apply = (statistics.median(c) for c in zip(*rows))
-    print(f"median of {len(rows)}: publish-to-serving {total * 1000:.1f} ms, raw download+read {raw * 1000:.1f} ms, "
-          f"ratio {total / raw:.2f}")
+    try:
+        rows = publish_to_serving(versions, args.trials, work, alternate_staging=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    staged = [row[:7] for row in rows if row[7]]
+    total, download, swap, raw, drain, apply, stage = (statistics.median(c) for c in zip(*staged))
+    unstaged_pause = statistics.median(row[2] for row in rows if not row[7])
+    print(f"median of {len(staged)} staged: publish-to-serving {total * 1000:.1f} ms, raw download+read "
+          f"{raw * 1000:.1f} ms, ratio {total / raw:.2f}; pause {swap * 1000:.1f} ms against "
+          f"{unstaged_pause * 1000:.1f} ms unstaged (median of {len(rows) - len(staged)}), ratio "
+          f"{swap / unstaged_pause:.2f}")
     print(f"RESULT checkpoint_mb={size_mb:.3g} publish_to_serving_ms={total * 1000:.4g} "
-          f"download_verify_ms={download * 1000:.4g} pause_ms={swap * 1000:.4g} drain_ms={drain * 1000:.4g} "
-          f"apply_ms={apply * 1000:.4g} raw_download_read_ms={raw * 1000:.4g} "
+          f"download_verify_ms={download * 1000:.4g} stage_ms={stage * 1000:.4g} pause_ms={swap * 1000:.4g} "
+          f"drain_ms={drain * 1000:.4g} apply_ms={apply * 1000:.4g} unstaged_pause_ms={unstaged_pause * 1000:.4g} "
+          f"pause_vs_unstaged={swap / unstaged_pause:.3g} raw_download_read_ms={raw * 1000:.4g} "
           f"ratio_vs_raw={total / raw:.3g}")
 
 

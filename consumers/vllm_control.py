@@ -2,10 +2,14 @@
 
 The hot-reload sequence it offers (`swap_full_weights`), as measured on these machines:
 
+    # Step 0  POST /collective_rpc            rollwire_stage_weights(weights_path=DIR): each worker reads
+    #                                         the files into host memory on a thread while serving goes on
+    #                                         (polled with rollwire_staged), so the pause only copies
     # Step 1  POST /pause?mode=keep           in-flight requests freeze, none are dropped
     # Step 2  POST /collective_rpc            rollwire_reload_weights(weights_path=DIR): vLLM's layer-wise
-    #                                         in-place reload, then a tied output layer tied again
-    #                                         (`rollwire.consumers.vllm_worker`, loaded into the workers)
+    #                                         in-place reload from the staged tensors, then a tied output
+    #                                         layer tied again (`rollwire.consumers.vllm_worker`, loaded
+    #                                         into the workers)
     # Step 3  POST /update_weight_version     the label later tokens report in `weight_versions`
     # Step 4  POST /reset_prefix_cache?reset_running_requests=true
     #                                         cached KV was computed with the old weights
@@ -41,6 +45,10 @@ class SwapTimes:
     """Step 2: the reload."""
     paused_s: float
     """Steps 1-5: from the pause request until generation resumed."""
+    stage_s: float = 0.0
+    """Step 0, before the pause: the workers reading the files while serving went on."""
+    staged: bool = False
+    """Every worker reloaded from what it had staged (False: it read the files inside the pause)."""
 
 
 class VllmError(RollwireError):
@@ -87,8 +95,12 @@ class VllmControl:
     def resume(self) -> None:
         self._request("POST", "/resume")
 
-    def swap_full_weights(self, weights_dir: str, version_label: str) -> SwapTimes:
-        """Steps 1-5 above; returns where the pause went."""
+    def swap_full_weights(self, weights_dir: str, version_label: str, *, stage: bool = True) -> SwapTimes:
+        """Steps 0-5 above (`stage=False` leaves Step 0 out: the reload reads the files inside the
+        pause); returns where the pause went, and the staging before it."""
+        staging = time.perf_counter()
+        if stage:
+            self._stage(weights_dir)
         started = time.perf_counter()
         # Step 1
         self.pause("keep")
@@ -96,8 +108,8 @@ class VllmControl:
         try:
             # Step 2
             try:
-                self._request("POST", "/collective_rpc", {"method": "rollwire_reload_weights",
-                                                          "kwargs": {"weights_path": weights_dir}})
+                answer = self._request("POST", "/collective_rpc", {"method": "rollwire_reload_weights",
+                                                                   "kwargs": {"weights_path": weights_dir}})
                 applied = time.perf_counter()
             except VllmError as exc:
                 if "rollwire_reload_weights" in str(exc):
@@ -112,7 +124,27 @@ class VllmControl:
         finally:
             # Step 5
             self.resume()
-        return SwapTimes(drain_s=drained - started, apply_s=applied - drained, paused_s=time.perf_counter() - started)
+        results = (answer or {}).get("results") or [{}]
+        return SwapTimes(drain_s=drained - started, apply_s=applied - drained, paused_s=time.perf_counter() - started,
+                         stage_s=started - staging, staged=all(isinstance(r, dict) and r.get("staged") for r in results))
+
+    def _stage(self, weights_dir: str, poll_s: float = 0.01) -> None:
+        """Step 0. A server without the staging methods (an older extension) reloads from disk."""
+        try:
+            self._request("POST", "/collective_rpc", {"method": "rollwire_stage_weights",
+                                                      "kwargs": {"weights_path": weights_dir}})
+        except VllmError as exc:
+            if "rollwire_stage_weights" in str(exc):
+                return
+            raise
+        deadline = time.monotonic() + self.timeout_s
+        while time.monotonic() < deadline:
+            answer = self._request("POST", "/collective_rpc", {"method": "rollwire_staged",
+                                                               "kwargs": {"weights_path": weights_dir}})
+            if all(r.get("done") for r in answer.get("results", [])):
+                return
+            time.sleep(poll_s)
+        raise VllmError(f"the server at {self.base_url} did not read {weights_dir} within {self.timeout_s:g} s")
 
     def _reset_prefix_cache(self, attempts: int = 20) -> None:
         for _ in range(attempts):  # refused while KV transfers hold blocks; bounded retries

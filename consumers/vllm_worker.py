@@ -15,6 +15,9 @@ imported by rollwire itself; vLLM imports it by name in each worker.
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -25,12 +28,45 @@ EXTENSION = "rollwire.consumers.vllm_worker.TiedReload"
 class TiedReload:
     """Mixed into vLLM's worker class: `self` is the worker."""
 
+    _rollwire_stager: ThreadPoolExecutor | None = None
+    _rollwire_staged: tuple[str, Future[list[tuple[str, Any]]]] | None = None
+    """The folder being read into host memory, and the reading."""
+
+    def rollwire_stage_weights(self, weights_path: str) -> dict:
+        """Starts reading a version's safetensors into host memory on a thread of this worker, and
+        returns at once: the engine goes on serving while the files are read and parsed, so the
+        pause that follows only copies tensors into the model (`rollwire_reload_weights`)."""
+        stager = self._rollwire_stager
+        if stager is None:
+            stager = self._rollwire_stager = ThreadPoolExecutor(1, thread_name_prefix="rollwire-stage")
+        self._rollwire_staged = (weights_path, stager.submit(read_weights, weights_path))
+        return {"staging": weights_path}
+
+    def rollwire_staged(self, weights_path: str) -> dict:
+        """Whether the staging of `weights_path` has ended (read, or failed: the reload says which)."""
+        staged = self._rollwire_staged
+        return {"done": staged is not None and staged[0] == weights_path and staged[1].done()}
+
     def rollwire_reload_weights(self, weights_path: str) -> dict:
-        self.reload_weights(weights_path=weights_path)  # type: ignore[attr-defined]
+        staged, self._rollwire_staged = self._rollwire_staged, None
+        if staged is not None and staged[0] == weights_path:
+            self.reload_weights(weights_iterator=iter(staged[1].result()))  # type: ignore[attr-defined]
+        else:  # nothing staged: vLLM reads the files itself, inside the pause
+            self.reload_weights(weights_path=weights_path)  # type: ignore[attr-defined]
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
         retied = retie_output_layer(model)
         repacked = repack_experts(model)
-        return {"retied": retied, "repacked_expert_layers": repacked}
+        return {"retied": retied, "repacked_expert_layers": repacked, "staged": staged is not None}
+
+
+def read_weights(folder: str) -> list[tuple[str, Any]]:
+    """Every tensor of the folder's safetensors files, in host memory, as (name, tensor)."""
+    from safetensors import safe_open
+    tensors = []
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            tensors += [(name, f.get_tensor(name)) for name in f.keys()]  # noqa: SIM118 - safe_open has no __iter__
+    return tensors
 
 
 def retie_output_layer(model) -> bool:

@@ -61,6 +61,10 @@ class WeightSubscriberSettings(BaseModel):
     """Where verified checkpoints are kept on this machine."""
     keep_versions: int = Field(default=2, ge=1)
     """Verified versions kept on disk (the served one and its predecessors)."""
+    stage_weights: bool = True
+    """Have the engine read a full version into host memory while it still serves, so that the pause
+    only copies it in; it holds one more copy of the weights in host memory meanwhile. False: the
+    engine reads the files inside the pause (a host short of memory for a large model)."""
     lora_grace_s: float = Field(default=30.0, ge=0)
     """Seconds an old LoRA adapter stays loaded after a new one, for requests still using it."""
     url: str | None = None
@@ -214,14 +218,20 @@ class WeightSubscriber:
                     previous.version if previous else None)
         # Step 5
         attributes = {"rollwire.replica_id": self.settings.replica_id, "rollwire.weight_format": event.format}
-        self._reload_duration.record(download_s + swap.paused_s, attributes)
+        self._reload_duration.record(download_s + swap.stage_s + swap.paused_s, attributes)
         self._pause_duration.record(swap.paused_s, attributes)
         return self._report("serving", event, bytes_downloaded=sum(f.size_bytes for f in manifest.files),
                             download_s=download_s, **self._figures(swap))
 
     def _swap(self, event: WeightsPublished, folder: Path) -> SwapTimes:
         if event.format == "full":
-            return self.control.swap_full_weights(str(folder.resolve()), str(event.version))
+            swap = self.control.swap_full_weights(str(folder.resolve()), str(event.version),
+                                                  stage=self.settings.stage_weights)
+            if self.settings.stage_weights and not swap.staged:
+                logger.warning("replica %s: the engine read version %d inside the pause (its worker extension "
+                               "does not stage weights: restart the server with this rollwire's)",
+                               self.settings.replica_id, event.version)
+            return swap
         started = time.perf_counter()
         self.control.load_lora(self.lora_name(event.version), str(folder.resolve()))
         if self.serving is not None and self.serving.format == "lora":
@@ -232,7 +242,8 @@ class WeightSubscriber:
     @staticmethod
     def _figures(swap: SwapTimes) -> dict[str, Any]:
         """A swap's times as `ReplicaStatus` fields (a LoRA load pauses nothing: its time is the load's)."""
-        return {"swap_s": swap.paused_s or swap.apply_s, "drain_s": swap.drain_s, "apply_s": swap.apply_s}
+        return {"swap_s": swap.paused_s or swap.apply_s, "drain_s": swap.drain_s, "apply_s": swap.apply_s,
+                "stage_s": swap.stage_s}
 
     def reapply(self) -> ReplicaStatus | None:
         """Loads the served version again into a freshly restarted server, then the newest one on

@@ -66,9 +66,9 @@ class ReplicaStatus(Event):
     """
 
     type: Literal["replica.status"] = "replica.status"
-    SCHEMA_VERSION: ClassVar[int] = 2
+    SCHEMA_VERSION: ClassVar[int] = 3
     """2: `url` added (routing reads it); a version-1 reader would refuse the field, so it is told
-    the event is newer than it instead."""
+    the event is newer than it instead. 3: the parts of a reload, `drain_s`, `apply_s`, `stage_s`."""
     replica_id: str
     """Stable name of the replica (host and port, or a configured name)."""
     state: ReplicaState
@@ -87,6 +87,8 @@ class ReplicaStatus(Event):
     """Of `swap_s`: the pause request, until the engine stopped scheduling (its running step ends)."""
     apply_s: float = Field(default=0.0, ge=0.0)
     """Of `swap_s`: writing the new weights into the engine (the layer-wise reload)."""
+    stage_s: float = Field(default=0.0, ge=0.0)
+    """Before the pause, while serving went on: the engine's workers reading the files into memory."""
     reason: str | None = None
     """Why a load failed (state `failed`); None otherwise."""
     url: str | None = None

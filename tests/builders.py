@@ -170,7 +170,7 @@ ALL: dict[str, Event] = {e.type: e for e in (task(), rollout(branches=[TokenSequ
     prompt_token_ids=[1, 2, 9], completion_token_ids=[5, 6], completion_logprobs=[-0.3, 0.0], loss_mask=[1, 0],
     weight_versions=[WeightVersionSpan(version=3, start=0, end=1)])]), trace(), preference_pair(),
     weights(encoding="delta", base_version=3, base_manifest_sha256=DIGEST, size_bytes=61_000, full_size_bytes=1_700_000),
-    replica(drain_s=0.004, apply_s=0.03),
+    replica(drain_s=0.004, apply_s=0.03, stage_s=0.02),
                                             train_step(), dropped(), feedback(), served(), dead_letter(),
                                             group_state(), group_rollout(), tick(), join_state(), source_baseline(),
                                             partner_record(), serving_decision(),

@@ -19,7 +19,7 @@ from rollwire.core.bus import Beginning, BusError, EventLog
 from rollwire.core.metrics import LagProbe
 from rollwire.core.trackers import step_metrics
 from rollwire.schemas.envelope import Codec
-from rollwire.schemas.rollout import RolloutCompleted
+from rollwire.schemas.rollout import RolloutCompleted, SamplingStarted
 from rollwire.schemas.topics import Topics
 from rollwire.schemas.training import TrainStepCompleted
 from rollwire.schemas.weights import ReplicaStatus
@@ -38,6 +38,8 @@ class RunProgress:
     replica_state: dict[str, str] = field(default_factory=dict)
     rollouts: int = 0
     errored: int = 0
+    started: int = 0
+    """Rollouts that made their first generation request (`SamplingStarted`, a model-free one at its end)."""
     unreadable: int = 0
     """Events this display could not decode (the components dead-letter theirs; here they are counted)."""
     last_error: str | None = None
@@ -48,13 +50,14 @@ class RunProgress:
     lag_every_s: float = 5.0
     lag: dict[tuple[str, str], int] = field(default_factory=dict)
     reload_s: dict[str, float] = field(default_factory=dict)
+    """Seconds the last version load took (download, staging and swap), by replica id."""
     pause_s: dict[str, float] = field(default_factory=dict)
     """Per replica: how long its last swap paused generation (within `reload_s`)."""
-    """Seconds the last version load took (download and swap), by replica id."""
 
     def __post_init__(self) -> None:
         self._codec = Codec()
-        self._reader = self.log.reader([self.topics.train, self.topics.fleet, self.topics.rollouts], Beginning())
+        self._reader = self.log.reader([self.topics.train, self.topics.fleet, self.topics.rollouts,
+                                        self.topics.sampling], Beginning())
         self._lag_read_at = -self.lag_every_s
         if self.metrics_path is not None:
             self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
@@ -82,11 +85,13 @@ class RunProgress:
                 self.serving[event.replica_id] = event.serving_version
                 self.replica_state[event.replica_id] = event.state
                 if event.state == "serving" and event.requested_version is not None:
-                    self.reload_s[event.replica_id] = event.download_s + event.swap_s
+                    self.reload_s[event.replica_id] = event.download_s + event.stage_s + event.swap_s
                     self.pause_s[event.replica_id] = event.swap_s
             elif isinstance(event, RolloutCompleted):
                 self.rollouts += 1
                 self.errored += event.error is not None
+            elif isinstance(event, SamplingStarted):
+                self.started += 1
         new.sort(key=lambda row: row["step"])
         self.rows += new
         self._read_lag()
@@ -158,7 +163,8 @@ class RunProgress:
                 table.add_row("staleness", f"max {last['staleness_max']} · mean {last['staleness_mean']:.2f} versions")
             rate = self.throughput()
             table.add_row("throughput", f"{rate:.1f} rollouts/s trained" if rate else "…")
-        table.add_row("rollouts", f"{self.rollouts} published · {self.errored} errored")
+        sampling = f" · {self.started - self.rollouts} sampling now" if self.started > self.rollouts else ""
+        table.add_row("rollouts", f"{self.rollouts} published · {self.errored} errored{sampling}")
         table.add_row("serving", ", ".join(f"{rid} v{v or 0} ({self.replica_state[rid]}{self._reload(rid)})"
                                            for rid, v in self.serving.items()) or "starting")
         if self.lag:

@@ -126,6 +126,9 @@ class InferenceRecipe(VllmServerSettings):
     (`rollwire.producers.routing`); each holds a whole vLLM server (about 3 GB for the tiny model)."""
     replica_ports: list[int] = Field(default_factory=list)
     """Filled in when the run starts (replica i on `port + i`, or free ports); leave unset."""
+    stage_weights: bool = True
+    """Read each new version into host memory while the replica still serves, so that its pause only
+    copies it in (one more copy of the weights in host memory meanwhile); false reads inside the pause."""
 
 
 class FeedbackRecipe(_Section):
@@ -254,7 +257,7 @@ class RunRecipe(_Section):
             own["port"] = self.inference.replica_ports[index]
         if index and self.inference.log_path is not None:
             own["log_path"] = self.inference.log_path.with_name(f"{self.inference.log_path.stem}-{index}.log")
-        settings = self.inference.model_dump(exclude={"replicas", "replica_ports", *own})
+        settings = self.inference.model_dump(exclude={"replicas", "replica_ports", "stage_weights", *own})
         return VllmServerSettings(**settings, **own)
 
     def group_id(self, role: GroupRole) -> str:

@@ -69,11 +69,24 @@ def test_a_published_version_serves_the_logprobs_of_its_weights(fleet, tiny_mode
     status = subscriber.catch_up()
 
     assert status.state == "serving" and status.serving_version == version_base + 1
-    assert status.bytes_downloaded > 0 and status.download_s > 0 and status.swap_s > 0
+    assert status.bytes_downloaded > 0 and status.download_s > 0 and status.swap_s > 0 and status.stage_s > 0
     tokens, logprobs, versions = served_logprobs(fleet.server)
     assert versions == [{"version": str(version_base + 1), "start": 0, "end": len(tokens)}]
     assert logprobs == pytest.approx(transformers_logprobs(weights, PROMPT, tokens), abs=1e-3)
     assert [s.state for s in fleet.statuses()] == ["serving"]
+
+
+def test_a_staged_swap_reloads_from_memory_and_an_unstaged_one_from_disk_alike(fleet, tiny_models, version_base):
+    """Staged (the files read while the server still serves, the pause only copying them in) and
+    unstaged (read inside the pause), each version serves its own weights' logprobs."""
+    control = fleet.server.control
+    for version, seed, stage in ((version_base + 1, 21, True), (version_base + 2, 22, False)):
+        weights = tiny_models.version(seed=seed)
+        swap = control.swap_full_weights(str(weights.resolve()), str(version), stage=stage)
+        assert swap.staged == stage and (swap.stage_s > 0) == stage and swap.paused_s >= swap.apply_s > 0
+        tokens, logprobs, versions = served_logprobs(fleet.server)
+        assert versions == [{"version": str(version), "start": 0, "end": len(tokens)}]
+        assert logprobs == pytest.approx(transformers_logprobs(weights, PROMPT, tokens), abs=1e-3)
 
 
 def in_flight_request(control) -> tuple[list[dict], threading.Thread]:

@@ -15,7 +15,7 @@ from rollwire.core.bus import EmbeddedBusSettings, EventProducer, catalog_topics
 from rollwire.core.errors import ConfigError
 from rollwire.run.progress import RunProgress, plot
 from rollwire.run.recipe import load_recipe
-from rollwire.schemas import Topics, TrainStepCompleted
+from rollwire.schemas import SamplingStarted, Topics, TrainStepCompleted
 from rollwire.schemas.training import Staleness
 from rollwire.schemas.weights import ReplicaStatus
 
@@ -172,6 +172,8 @@ def test_progress_rebuilds_metrics_from_the_log_and_draws_the_curve(tmp_path):
                       key="policy")
     producer.send(topics.fleet, ReplicaStatus(replica_id="r0", state="serving", serving_version=3), key="r0")
     producer.send(topics.rollouts, rollout(), key="g")
+    for index in range(3):  # one of them the rollout above; two still sampling
+        producer.send(topics.sampling, SamplingStarted(group_id="g", sample_index=index, worker="w"), key="g")
     producer.flush()
     raw = log.producer()
     raw.send(topics.train, b"junk", key=b"policy")
@@ -195,6 +197,7 @@ def test_progress_rebuilds_metrics_from_the_log_and_draws_the_curve(tmp_path):
     Console(file=screen, force_terminal=True, width=120).print(progress.table(10, "training"))
     shown = screen.getvalue()
     assert "3/10" in shown and "0.300 now" in shown and "r0 v3 (serving)" in shown and "unreadable" in shown
+    assert "1 published · 0 errored · 2 sampling now" in shown
     png = plot(progress.rows, tmp_path / "curve.png")
     assert png.read_bytes()[:4] == b"\x89PNG"
 
