@@ -154,25 +154,7 @@ class VllmServer:
                               f"{self._log_tail()}")
 
     def _end_left_behind(self) -> None:
-        """SIGKILL to the vLLM processes of the group `pid_file` names (the last server started
-        with these settings), if any are left: only processes that are vLLM's, in case the id was
-        reused since."""
-        path = self.settings.pid_file
-        if path is None or not path.exists():
-            return
-        try:
-            group = int(path.read_text().strip())
-        except ValueError:
-            return
-        for proc in Path("/proc").glob("[0-9]*"):
-            try:
-                if os.getpgid(int(proc.name)) != group:
-                    continue
-                words = (proc / "cmdline").read_bytes().decode(errors="replace")
-                if "vllm" in words or "VLLM" in words:
-                    os.kill(int(proc.name), signal.SIGKILL)
-            except (OSError, ValueError):
-                continue
+        end_left_behind(self.settings.pid_file)
 
     def _wait_for_free_port(self, timeout_s: float = 60.0) -> None:
         """A server of ours killed with its supervisor may still be shutting down on this port."""
@@ -222,3 +204,24 @@ class VllmServer:
             return " (set log_path to keep its output)"
         tail = Path(path).read_text(errors="replace").splitlines()[-lines:]
         return f"; last lines of {path}:\n" + "\n".join(tail)
+
+
+def end_left_behind(pid_file: Path | None) -> None:
+    """SIGKILL to the vLLM processes of the group `pid_file` names (the last server started with
+    it), if any are left: only processes that are vLLM's, in case the id was reused since. A server
+    whose supervisor was killed while starting it may still be shutting down on its own."""
+    if pid_file is None or not pid_file.exists():
+        return
+    try:
+        group = int(pid_file.read_text().strip())
+    except ValueError:
+        return
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if os.getpgid(int(proc.name)) != group:
+                continue
+            words = (proc / "cmdline").read_bytes().decode(errors="replace")
+            if "vllm" in words or "VLLM" in words:
+                os.kill(int(proc.name), signal.SIGKILL)
+        except (OSError, ValueError):
+            continue

@@ -177,6 +177,11 @@ def run(recipe: RunRecipe, *, metrics_out: Path | None = None, console: Console 
         # Step 6
         with console.status("stopping the components …"):
             supervisor.stop()
+            # a replica killed while it started its server (a restart at the very end) leaves the
+            # server shutting down on its own: end it, so that nothing outlives the run
+            from rollwire.consumers.vllm_server import end_left_behind
+            for index in range(recipe.inference.replicas):
+                end_left_behind(recipe.identity.replica_cache(index) / "vllm.pid")
         progress.poll(0.2)
         progress.close()
         log.close()
