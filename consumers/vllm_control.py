@@ -126,7 +126,8 @@ class VllmControl:
             self.resume()
         results = (answer or {}).get("results") or [{}]
         return SwapTimes(drain_s=drained - started, apply_s=applied - drained, paused_s=time.perf_counter() - started,
-                         stage_s=started - staging, staged=all(isinstance(r, dict) and r.get("staged") for r in results))
+                         stage_s=started - staging if stage else 0.0,
+                         staged=all(isinstance(r, dict) and r.get("staged") for r in results))
 
     def _stage(self, weights_dir: str, poll_s: float = 0.01) -> None:
         """Step 0. A server without the staging methods (an older extension) reloads from disk."""

@@ -28,7 +28,7 @@ class RecordingControl:
     def __init__(self) -> None:
         self.swapped: list[str] = []
 
-    def swap_full_weights(self, folder: str, label: str) -> SwapTimes:
+    def swap_full_weights(self, folder: str, label: str, *, stage: bool = True) -> SwapTimes:
         self.swapped.append(label)
         return SwapTimes(drain_s=0.001, apply_s=0.008, paused_s=0.01)
 

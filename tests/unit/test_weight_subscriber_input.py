@@ -51,7 +51,7 @@ class FlakyEngine:
         self.down = False
         self.swapped: list[int] = []
 
-    def swap_full_weights(self, weights_dir: str, version_label: str) -> SwapTimes:
+    def swap_full_weights(self, weights_dir: str, version_label: str, *, stage: bool = True) -> SwapTimes:
         from rollwire.consumers.vllm_control import VllmError
         if self.down:
             raise VllmError("POST /pause failed: connection refused")
