@@ -205,7 +205,7 @@ class Chaos:
 
 def _is_vllm_api(process: psutil.Process) -> bool:
     with contextlib.suppress(psutil.Error):
-        return "vllm.entrypoints.openai.api_server" in process.cmdline()
+        return "rollwire.consumers.vllm_api_server" in process.cmdline()
     return False
 
 

@@ -1,11 +1,12 @@
 """Bytes and time of weight versions stored as deltas, next to the same versions whole.
 
-    python bench/deltas.py [--model DIR] [--lrs 1e-6 1e-5 1e-4] [--steps 3]
+    python bench/deltas.py [--model DIR] [--lrs 1e-6 1e-5 1e-4] [--steps 3] [--store local|s3]
 
 Trains the model in bfloat16 (the published dtype: `[trainer.model] dtype = "bfloat16"`) with
 AdamW on fixed token ids, `--steps` steps per learning rate from the same start, and publishes
 every version as the trainer does: a snapshot, then each version a delta on the one before
-(`rollwire.core.weight_versions.publish` with a base) into a local store. Per learning rate: the
+(`rollwire.core.weight_versions.publish` with a base) into a local store, or with `--store s3`
+into an S3 endpoint (moto's server on loopback). Per learning rate: the
 share of elements whose bits changed, delta bytes over whole bytes, the trainer's publish time
 (save excluded) and a replica's fetch time (with the previous version as its base), each against
 the same version published and fetched whole, in the same run. Every rebuilt file is compared
@@ -50,11 +51,18 @@ def train_versions(model_dir: Path, lr: float, steps: int, out: Path) -> list[Pa
     return folders
 
 
-def measure(folders: list[Path], work: Path) -> dict[str, list[float]]:
-    """Publishes `folders` whole and as deltas into two stores; fetches each both ways."""
-    from rollwire.core.objectstore import LocalStore
+def measure(folders: list[Path], work: Path, s3: str | None = None) -> dict[str, list[float]]:
+    """Publishes `folders` whole and as deltas into two stores (local directories, or two buckets on
+    the S3 endpoint `s3`); fetches each both ways."""
+    import uuid
+
+    from rollwire.core.objectstore import LocalStore, S3Store
     from rollwire.core.weight_versions import DeltaBase, fetch, publish
-    whole_store, delta_store = LocalStore(work / "whole"), LocalStore(work / "delta")
+    if s3 is None:
+        whole_store, delta_store = LocalStore(work / "whole"), LocalStore(work / "delta")
+    else:
+        whole_store, delta_store = (S3Store(s3, f"{kind}-{uuid.uuid4().hex[:8]}", access_key="k", secret_key="s",
+                                            secure=False, region="us-east-1") for kind in ("whole", "delta"))
     rows: dict[str, list[float]] = {k: [] for k in ("changed", "bytes", "publish_delta", "publish_whole",
                                                        "fetch_delta", "fetch_whole")}
     base = None
@@ -93,8 +101,27 @@ def main(argv: list[str] | None = None) -> int:
                         help="a Hugging Face model folder (default: SmolLM2-135M if imported, else a tiny Llama)")
     parser.add_argument("--lrs", type=float, nargs="+", default=[1e-6, 1e-5, 1e-4])
     parser.add_argument("--steps", type=int, default=3, help="AdamW steps (delta versions) per learning rate")
+    parser.add_argument("--store", choices=["local", "s3"], default="local",
+                        help="local: directories on this disk; s3: an S3 endpoint (moto's server on loopback)")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(REPO))
+    s3, moto = None, None
+    if args.store == "s3":
+        import logging
+
+        from moto.server import ThreadedMotoServer
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)
+        moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        moto.start()
+        s3 = "{}:{}".format(*moto.get_host_and_port())
+    try:
+        return run(args, s3)
+    finally:
+        if moto is not None:
+            moto.stop()
+
+
+def run(args: argparse.Namespace, s3: str | None) -> int:
     with tempfile.TemporaryDirectory(prefix="rollwire-deltas-") as scratch:
         work = Path(scratch)
         model = args.model
@@ -104,11 +131,11 @@ def main(argv: list[str] | None = None) -> int:
             from rollwire.trainer.tiny import build_char_tokenizer, build_tiny_model
             model = build_tiny_model(work / "tiny", build_char_tokenizer(), seed=0, hidden=256, layers=4,
                                      intermediate=1024)
-        print(f"model {model}; bfloat16, AdamW, {args.steps} steps per learning rate", flush=True)
+        print(f"model {model}; bfloat16, AdamW, {args.steps} steps per learning rate; store: {args.store}", flush=True)
         summary = {}
         for lr in args.lrs:
             folders = train_versions(model, lr, args.steps, work / f"lr{lr:g}" / "trainer")
-            rows = measure(folders, work / f"lr{lr:g}")
+            rows = measure(folders, work / f"lr{lr:g}", s3)
             med = {k: statistics.median(v) for k, v in rows.items()}
             full_mb = sum(f.stat().st_size for f in folders[0].glob("*.safetensors")) / 1e6
             print(f"lr {lr:g}: {100 * med['changed']:.2f}% of elements changed; delta {100 * med['bytes']:.2f}% of "

@@ -4,7 +4,9 @@ The hot-reload sequence it offers (`swap_full_weights`), as measured on these ma
 
     # Step 0  POST /collective_rpc            rollwire_stage_weights(weights_path=DIR): each worker reads
     #                                         the files into host memory on a thread while serving goes on
-    #                                         (polled with rollwire_staged), so the pause only copies
+    #                                         (polled with rollwire_staged), so the pause only copies;
+    #                                         or rollwire_receive_weights: received from the trainer's
+    #                                         memory over gloo (`swap_received_weights`), no file read
     # Step 1  POST /pause?mode=keep           in-flight requests freeze, none are dropped
     # Step 2  POST /collective_rpc            rollwire_reload_weights(weights_path=DIR): vLLM's layer-wise
     #                                         in-place reload from the staged tensors, then a tied output
@@ -25,11 +27,11 @@ from __future__ import annotations
 import functools
 import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rollwire.consumers.vllm_worker import EXTENSION
+from rollwire.consumers.vllm_worker import EXTENSION, direct_key
 from rollwire.core.errors import RollwireError
 from rollwire.core.http import HttpError, JsonClient
 from rollwire.producers.tool_calls import ToolCallFormat, format_written
@@ -100,7 +102,27 @@ class VllmControl:
         pause); returns where the pause went, and the staging before it."""
         staging = time.perf_counter()
         if stage:
-            self._stage(weights_dir)
+            self._stage("rollwire_stage_weights", {"weights_path": weights_dir}, weights_dir, required=False)
+        return self._swap(weights_dir, version_label, staging if stage else None)
+
+    def swap_received_weights(self, address: str, version: int, manifest_sha256: str, version_label: str, *,
+                              who: str = "", check: Callable[[str], None] | None = None) -> SwapTimes:
+        """Steps 0-5 with Step 0 receiving the version from the trainer's sender at `address` (gloo,
+        `rollwire.core.weight_transfer`) instead of reading files: nothing is read from the store or
+        a disk. `check` gets the verified manifest (JSON) before the pause and may refuse it by
+        raising. A failed or refused transfer raises `VllmError` before the pause: the engine is untouched."""
+        staging = time.perf_counter()
+        key = direct_key(version, manifest_sha256)
+        results = self._stage("rollwire_receive_weights", {"address": address, "version": version,
+                                                           "manifest_sha256": manifest_sha256, "who": who},
+                              key, required=True)
+        if check is not None:
+            for result in results:
+                check(result["manifest"])
+        return self._swap(key, version_label, staging)
+
+    def _swap(self, weights_path: str, version_label: str, staging: float | None) -> SwapTimes:
+        """Steps 1-5, reloading from what Step 0 staged under `weights_path` (or its files)."""
         started = time.perf_counter()
         # Step 1
         self.pause("keep")
@@ -109,7 +131,7 @@ class VllmControl:
             # Step 2
             try:
                 answer = self._request("POST", "/collective_rpc", {"method": "rollwire_reload_weights",
-                                                                   "kwargs": {"weights_path": weights_dir}})
+                                                                   "kwargs": {"weights_path": weights_path}})
                 applied = time.perf_counter()
             except VllmError as exc:
                 if "rollwire_reload_weights" in str(exc):
@@ -126,26 +148,30 @@ class VllmControl:
             self.resume()
         results = (answer or {}).get("results") or [{}]
         return SwapTimes(drain_s=drained - started, apply_s=applied - drained, paused_s=time.perf_counter() - started,
-                         stage_s=started - staging if stage else 0.0,
+                         stage_s=started - staging if staging is not None else 0.0,
                          staged=all(isinstance(r, dict) and r.get("staged") for r in results))
 
-    def _stage(self, weights_dir: str, poll_s: float = 0.01) -> None:
-        """Step 0. A server without the staging methods (an older extension) reloads from disk."""
+    def _stage(self, method: str, kwargs: dict, key: str, *, required: bool, poll_s: float = 0.005) -> list[dict]:
+        """Step 0: `method` stages a version under `key` in every worker; waits until all have, and
+        returns what each said. A server without the method (an older extension) reloads from disk,
+        unless it is `required`."""
         try:
-            self._request("POST", "/collective_rpc", {"method": "rollwire_stage_weights",
-                                                      "kwargs": {"weights_path": weights_dir}})
+            self._request("POST", "/collective_rpc", {"method": method, "kwargs": kwargs})
         except VllmError as exc:
-            if "rollwire_stage_weights" in str(exc):
-                return
+            if method in str(exc) and not required:
+                return []
             raise
         deadline = time.monotonic() + self.timeout_s
         while time.monotonic() < deadline:
-            answer = self._request("POST", "/collective_rpc", {"method": "rollwire_staged",
-                                                               "kwargs": {"weights_path": weights_dir}})
-            if all(r.get("done") for r in answer.get("results", [])):
-                return
+            results = self._request("POST", "/collective_rpc", {"method": "rollwire_staged",
+                                                                "kwargs": {"weights_path": key}}).get("results", [])
+            if all(r.get("done") for r in results):
+                errors = [r["error"] for r in results if r.get("error")]
+                if errors:
+                    raise VllmError(f"staging {key} failed in {len(errors)} of {len(results)} workers: {errors[0]}")
+                return results
             time.sleep(poll_s)
-        raise VllmError(f"the server at {self.base_url} did not read {weights_dir} within {self.timeout_s:g} s")
+        raise VllmError(f"the server at {self.base_url} did not stage {key} within {self.timeout_s:g} s")
 
     def _reset_prefix_cache(self, attempts: int = 20) -> None:
         for _ in range(attempts):  # refused while KV transfers hold blocks; bounded retries

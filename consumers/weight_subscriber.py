@@ -12,7 +12,10 @@ For each `WeightsPublished` of its policy, newest first on start (catch-up) and 
 
     # Step 1  ignore the served version sent again; refuse older ones (an old event arriving late),
     #         unless a serving decision names it
-    # Step 2  download into a fresh cache folder and verify: manifest digest, every file's size and
+    # Step 2  a version offered directly (`direct`): the engine's workers receive it from the trainer's
+    #         memory over gloo and verify it against the same digests, then Steps 3-5; the store
+    #         path below when that fails. Otherwise:
+    #         download into a fresh cache folder and verify: manifest digest, every file's size and
     #         sha256, safetensors headers (`rollwire.core.weight_versions.fetch`); a delta is applied
     #         to the served version's folder (or, when that is not its base, rebuilt from the
     #         snapshot before it) and the result checked against the digests the trainer wrote
@@ -42,6 +45,7 @@ from rollwire.core.objectstore import ObjectStore, ObjectStoreError
 from rollwire.core.weight_versions import CheckpointError, check_compatible, describe, fetch
 from rollwire.schemas.envelope import Codec
 from rollwire.schemas.errors import SchemaError
+from rollwire.schemas.manifest import Manifest
 from rollwire.schemas.topics import Topics
 from rollwire.schemas.weights import ReplicaState, ReplicaStatus, ServingDecision, WeightsPublished
 
@@ -61,6 +65,10 @@ class WeightSubscriberSettings(BaseModel):
     """Where verified checkpoints are kept on this machine."""
     keep_versions: int = Field(default=2, ge=1)
     """Verified versions kept on disk (the served one and its predecessors)."""
+    direct_weights: bool = True
+    """Receive a version from the trainer's memory when its event offers that (`WeightsPublished.direct`,
+    a trainer with `[trainer.direct] enabled`): no object-store read, the same digests checked; the
+    store is the fallback. False: always fetch from the store."""
     stage_weights: bool = True
     """Have the engine read a full version into host memory while it still serves, so that the pause
     only copies it in; it holds one more copy of the weights in host memory meanwhile. False: the
@@ -179,6 +187,10 @@ class WeightSubscriber:
         if self.serving is not None and event.version <= self.serving.version and not decided:
             return self._report("failed", event, reason=f"version {event.version} is not newer than the served "
                                                         f"version {self.serving.version}; keeping it")
+        if event.direct and self.settings.direct_weights and event.format == "full":
+            status = self._apply_received(event)
+            if status is not None:
+                return status
         started = time.perf_counter()
         target = self.settings.cache_dir / f"v{event.version:08d}"
         try:
@@ -192,36 +204,64 @@ class WeightSubscriber:
                             "it from the snapshot before it", self.settings.replica_id, event.version,
                             event.base_version)
             manifest = fetch(self.store, event.uri, event.manifest_sha256, target, has=has)
-            # Step 3
-            if manifest.version != event.version or manifest.format != event.format:
-                raise CheckpointError(f"the manifest describes version {manifest.version} ({manifest.format}), "
-                                      f"the event version {event.version} ({event.format})")
-            if event.format == "full" and self.expected is not None:
-                check_compatible(manifest, self.expected)
+            self._check(manifest, event)  # Step 3
         except (CheckpointError, ObjectStoreError) as exc:
             shutil.rmtree(target, ignore_errors=True)
             return self._report("failed", event, reason=f"{type(exc).__name__}: {exc}")
         download_s = time.perf_counter() - started
         # Step 4
         try:
-            with telemetry.tracer().start_as_current_span(
-                    "reload weights", attributes={"rollwire.replica_id": self.settings.replica_id,
-                                                  "rollwire.weight_version": event.version,
-                                                  "rollwire.weight_format": event.format}):
+            with self._reload_span(event, "store"):
                 swap = self._swap(event, target)
         except VllmError as exc:
             return self._report("failed", event, reason=f"the engine refused the swap: {exc}")
+        return self._served(event, target, swap, bytes_downloaded=sum(f.size_bytes for f in manifest.files),
+                            download_s=download_s)
+
+    def _apply_received(self, event: WeightsPublished) -> ReplicaStatus | None:
+        """Steps 2-5 over the direct path: the engine's workers receive the version from the trainer's
+        memory (`WeightsPublished.direct`), verified against the event's digests; Step 3 checks the
+        manifest that came with it before the pause. None when it could not be received, the engine
+        untouched: the caller fetches the version from the store instead."""
+        try:
+            with self._reload_span(event, "direct"):
+                swap = self.control.swap_received_weights(
+                    event.direct or "", event.version, event.manifest_sha256, str(event.version),
+                    who=self.settings.replica_id,
+                    check=lambda manifest: self._check(Manifest.model_validate_json(manifest), event))
+        except (VllmError, CheckpointError) as exc:
+            logger.warning("replica %s: version %d could not come directly from %s (%s); fetching it from the store",
+                           self.settings.replica_id, event.version, event.direct, exc)
+            return None
+        return self._served(event, None, swap, bytes_downloaded=0, download_s=0.0, transfer="direct")
+
+    def _check(self, manifest: Manifest, event: WeightsPublished) -> None:
+        """Step 3: the manifest is the event's version, and full weights fit the served model."""
+        if manifest.version != event.version or manifest.format != event.format:
+            raise CheckpointError(f"the manifest describes version {manifest.version} ({manifest.format}), "
+                                  f"the event version {event.version} ({event.format})")
+        if event.format == "full" and self.expected is not None:
+            check_compatible(manifest, self.expected)
+
+    def _reload_span(self, event: WeightsPublished, transfer: str):
+        return telemetry.tracer().start_as_current_span(
+            "reload weights", attributes={"rollwire.replica_id": self.settings.replica_id,
+                                          "rollwire.weight_version": event.version,
+                                          "rollwire.weight_format": event.format, "rollwire.transfer": transfer})
+
+    def _served(self, event: WeightsPublished, folder: Path | None, swap: SwapTimes, *, bytes_downloaded: int,
+                download_s: float, transfer: Literal["store", "direct"] = "store") -> ReplicaStatus:
+        """Step 5: records the version served (its files in `folder`; None when received directly)."""
         previous = self.serving
-        self.serving, self.serving_dir = event, target
+        self.serving, self.serving_dir = event, folder
         self._prune_cache()
-        logger.info("replica %s serves version %d (was %s)", self.settings.replica_id, event.version,
-                    previous.version if previous else None)
-        # Step 5
+        logger.info("replica %s serves version %d (was %s, %s)", self.settings.replica_id, event.version,
+                    previous.version if previous else None, transfer)
         attributes = {"rollwire.replica_id": self.settings.replica_id, "rollwire.weight_format": event.format}
         self._reload_duration.record(download_s + swap.stage_s + swap.paused_s, attributes)
         self._pause_duration.record(swap.paused_s, attributes)
-        return self._report("serving", event, bytes_downloaded=sum(f.size_bytes for f in manifest.files),
-                            download_s=download_s, **self._figures(swap))
+        return self._report("serving", event, bytes_downloaded=bytes_downloaded, download_s=download_s,
+                            transfer=transfer, **self._figures(swap))
 
     def _swap(self, event: WeightsPublished, folder: Path) -> SwapTimes:
         if event.format == "full":
@@ -250,7 +290,10 @@ class WeightSubscriber:
         the topic: a version whose swap failed because the server had died (refused, kept the
         served one) is not published again, and the dispatcher waits for the fleet to reach it."""
         status = None
-        if self.serving is not None and self.serving_dir is not None:
+        if self.serving is not None and self.serving_dir is None:  # it came directly: the store has it
+            received, self.serving = self.serving, None
+            status = self.apply(received, decided=True)
+        elif self.serving is not None and self.serving_dir is not None:
             try:
                 swap = self._swap(self.serving, self.serving_dir)
             except VllmError as exc:

@@ -75,6 +75,8 @@ class Published:
     """Bytes of the whole version."""
     changed_share: float | None = None
     """For a delta: the share of tensor elements whose bits changed."""
+    manifest_data: bytes = b""
+    """The manifest as stored (its sha256 is `manifest_sha256`)."""
 
     @property
     def encoding(self) -> WeightEncoding:
@@ -166,7 +168,7 @@ def publish(store: ObjectStore, local_dir: Path, prefix: str, *, policy: str, ve
     return Published(uri=store.uri(prefix), manifest_sha256=hashlib.sha256(data).hexdigest(),
                      size_bytes=sum(f.size_bytes for f in manifest.files), manifest=manifest,
                      full_size_bytes=sum(f.size_bytes for f in files),
-                     changed_share=delta[1] if delta is not None else None)
+                     changed_share=delta[1] if delta is not None else None, manifest_data=data)
 
 
 def _delta_files(local_dir: Path, files: list[FileEntry], base: DeltaBase,

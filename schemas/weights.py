@@ -29,6 +29,8 @@ class WeightsPublished(Event):
     """
 
     type: Literal["weights.published"] = "weights.published"
+    SCHEMA_VERSION: ClassVar[int] = 2
+    """2: `direct` added."""
     policy: str = "policy"
     """Name of the policy being trained (the compaction key)."""
     version: int = Field(ge=0)
@@ -56,6 +58,10 @@ class WeightsPublished(Event):
     """For a delta: the digest of its base version's manifest."""
     published_at_ms: int = Field(default_factory=now_ms)
     """When the manifest was written (epoch ms)."""
+    direct: str | None = None
+    """Where the trainer also serves this version from its memory while it is the newest
+    (`gloo://host:port`, `rollwire.core.weight_transfer`): a replica receives it from there with no
+    object-store read, checked against the same digests, and fetches it from `uri` when it cannot."""
 
 
 class ReplicaStatus(Event):
@@ -66,9 +72,10 @@ class ReplicaStatus(Event):
     """
 
     type: Literal["replica.status"] = "replica.status"
-    SCHEMA_VERSION: ClassVar[int] = 3
+    SCHEMA_VERSION: ClassVar[int] = 4
     """2: `url` added (routing reads it); a version-1 reader would refuse the field, so it is told
-    the event is newer than it instead. 3: the parts of a reload, `drain_s`, `apply_s`, `stage_s`."""
+    the event is newer than it instead. 3: the parts of a reload, `drain_s`, `apply_s`, `stage_s`.
+    4: `transfer`."""
     replica_id: str
     """Stable name of the replica (host and port, or a configured name)."""
     state: ReplicaState
@@ -88,7 +95,11 @@ class ReplicaStatus(Event):
     apply_s: float = Field(default=0.0, ge=0.0)
     """Of `swap_s`: writing the new weights into the engine (the layer-wise reload)."""
     stage_s: float = Field(default=0.0, ge=0.0)
-    """Before the pause, while serving went on: the engine's workers reading the files into memory."""
+    """Before the pause, while serving went on: the engine's workers reading the files into memory
+    (or receiving them from the trainer, for `transfer = "direct"`)."""
+    transfer: Literal["store", "direct"] = "store"
+    """How `requested_version` came: fetched from the object store, or received from the trainer's
+    memory (`WeightsPublished.direct`)."""
     reason: str | None = None
     """Why a load failed (state `failed`); None otherwise."""
     url: str | None = None
@@ -106,6 +117,8 @@ class ServingDecision(Event):
     """
 
     type: Literal["serving.decision"] = "serving.decision"
+    SCHEMA_VERSION: ClassVar[int] = 2
+    """2: its versions carry `WeightsPublished.direct`."""
     policy: str = "policy"
     """Policy the decision is about (the key)."""
     stable: WeightsPublished

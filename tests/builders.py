@@ -79,14 +79,14 @@ def scored(**kw) -> ScoredRollout:
 def weights(**kw) -> WeightsPublished:
     return WeightsPublished(**{"version": 4, "step": 4, "uri": "s3://rollwire/run/v000004/",
                                "manifest_sha256": DIGEST, "base_model": "tiny-llama", "size_bytes": 1_700_000,
-                               "published_at_ms": 1_790_000_000_500, **kw})
+                               "published_at_ms": 1_790_000_000_500, "direct": "gloo://10.0.0.7:29400", **kw})
 
 
 def replica(**kw) -> ReplicaStatus:
     return ReplicaStatus(**{"replica_id": "127.0.0.1:8000", "state": "serving", "serving_version": 4,
                             "url": "http://127.0.0.1:8000",
                             "requested_version": 4, "bytes_downloaded": 1_700_000, "download_s": 0.1,
-                            "swap_s": 0.05, **kw})
+                            "swap_s": 0.05, "transfer": "direct", **kw})
 
 
 def serving_decision(**kw) -> ServingDecision:

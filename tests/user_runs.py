@@ -41,6 +41,7 @@ replicas = {replicas}
 
 [trainer]
 processes = {trainer_processes}
+direct = {{ enabled = {direct} }}
 
 [trainer.batch]
 batch_rollouts = 16
@@ -67,11 +68,13 @@ TIED_QWEN3 = 'architecture = "qwen3"\ntokenizer = "bpe"\ntie_embeddings = true'
 
 
 def short_recipe(name: str, steps: int, *, replicas: int = 1, env_workers: int = 1, trainer_processes: int = 1,
-                 tiny: str = "", environments: str = "") -> str:
+                 tiny: str = "", environments: str = "", direct: bool = False) -> str:
     """The short recipe's text: `replicas` inference replicas, `env_workers`, trainer ranks, more
-    `[model.tiny]` lines, and more `[[environments]]` after reverse-digits."""
+    `[model.tiny]` lines, more `[[environments]]` after reverse-digits, and whether the trainer
+    sends its versions to the replicas directly (`[trainer.direct]`)."""
     return SHORT.format(name=name, steps=steps, replicas=replicas, env_workers=env_workers,
-                        trainer_processes=trainer_processes, tiny=tiny, environments=environments)
+                        trainer_processes=trainer_processes, tiny=tiny, environments=environments,
+                        direct=str(direct).lower())
 
 
 def served_logprob_gaps(log, rollouts_topic: str, weights_root: Path) -> dict[int, float]:

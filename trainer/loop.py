@@ -37,6 +37,7 @@ from rollwire.core.bus import EventLog, EventProducer
 from rollwire.core.errors import ConfigError
 from rollwire.core.objectstore import ObjectStore
 from rollwire.core.trackers import Trackers, step_metrics
+from rollwire.core.weight_transfer import WeightSender
 from rollwire.core.weight_versions import DeltaBase, Published, publish, version_prefix
 from rollwire.schemas.registry import EVENT_TYPES
 from rollwire.schemas.rollout import ScoredRollout
@@ -116,6 +117,9 @@ class Trainer:
         self._delta_base: DeltaBase | None = None
         """The last version this process published, whose files it keeps: the next one's delta base."""
         self._since_snapshot = 0
+        self.sender = (WeightSender(settings.direct.host, settings.direct.port, timeout_s=settings.direct.timeout_s)
+                       if settings.direct.enabled else None)
+        """Serves each new full version to replicas from memory (`rollwire.core.weight_transfer`)."""
         self.shard = shard
         self.trackers = trackers
         """Where each step's metrics are reported once its commit is sent (`rollwire.core.trackers`)."""
@@ -223,6 +227,9 @@ class Trainer:
         previous, self._delta_base = self._delta_base, None
         if previous is not None:
             shutil.rmtree(previous.folder, ignore_errors=True)
+        if event.format == "full" and self.sender is not None:
+            self.sender.offer(event.version, folder, done.manifest_data)
+            event = event.model_copy(update={"direct": self.sender.address})
         if event.format == "full":
             self._delta_base = DeltaBase(event.version, done.uri, done.manifest_sha256, folder,
                                          done.manifest.result or done.manifest.files)
@@ -257,6 +264,8 @@ class Trainer:
         checkpoint.mark_sent(saved)
 
     def close(self) -> None:
+        if self.sender is not None:
+            self.sender.close()
         if self.shard is not None:
             self.shard.send_batch(None)  # the other ranks stop
             self.shard = None

@@ -137,6 +137,25 @@ class RetentionSettings(BaseModel):
         return bool(self.keep_every) and version % self.keep_every == 0
 
 
+class DirectSettings(BaseModel):
+    """Serving each new version to the replicas straight from the trainer's memory over gloo
+    (`rollwire.core.weight_transfer`); the object store stays the record and the fallback."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    enabled: bool = False
+    """Offer every full version directly (`WeightsPublished.direct`); it holds one more copy of the
+    published weights in the trainer's host memory. Replicas take it unless `[inference]
+    direct_weights = false`."""
+    host: str = "127.0.0.1"
+    """Address the replicas' engines reach the trainer at (this host's address on the cluster network
+    when they run elsewhere). The exchange is unauthenticated: keep it on a private network."""
+    port: int = Field(default=0, ge=0, le=65535)
+    """Port of the rendezvous store; 0 picks a free one (the event carries it)."""
+    timeout_s: float = Field(default=60.0, gt=0)
+    """A transfer that stalls this long is given up; the replica fetches from the store."""
+
+
 class TrainerSettings(BaseModel):
     """Everything the trainer needs besides the log and the store."""
 
@@ -179,6 +198,8 @@ class TrainerSettings(BaseModel):
     of a bfloat16 version at fine-tuning learning rates. A replica that missed one rebuilds from the
     snapshot before it. 1: every version whole. LoRA adapters are always whole; so is the first
     version a trainer process publishes."""
+    direct: DirectSettings = Field(default_factory=DirectSettings)
+    """Also send each version to the replicas directly, with no object-store read (off by default)."""
     checkpoint_dir: Path = Path("runs/default/trainer")
     """Where the trainer's checkpoints go (local disk)."""
     keep_checkpoints: int = Field(default=2, ge=1)

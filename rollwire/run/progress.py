@@ -49,10 +49,8 @@ class RunProgress:
     """Reads the consumer groups' lag (every `lag_every_s`) for the display."""
     lag_every_s: float = 5.0
     lag: dict[tuple[str, str], int] = field(default_factory=dict)
-    reload_s: dict[str, float] = field(default_factory=dict)
-    """Seconds the last version load took (download, staging and swap), by replica id."""
-    pause_s: dict[str, float] = field(default_factory=dict)
-    """Per replica: how long its last swap paused generation (within `reload_s`)."""
+    loads: dict[str, ReplicaStatus] = field(default_factory=dict)
+    """Per replica: the status of its last version load (its download, staging and pause)."""
 
     def __post_init__(self) -> None:
         self._codec = Codec()
@@ -85,8 +83,7 @@ class RunProgress:
                 self.serving[event.replica_id] = event.serving_version
                 self.replica_state[event.replica_id] = event.state
                 if event.state == "serving" and event.requested_version is not None:
-                    self.reload_s[event.replica_id] = event.download_s + event.stage_s + event.swap_s
-                    self.pause_s[event.replica_id] = event.swap_s
+                    self.loads[event.replica_id] = event
             elif isinstance(event, RolloutCompleted):
                 self.rollouts += 1
                 self.errored += event.error is not None
@@ -177,10 +174,14 @@ class RunProgress:
         return table
 
     def _reload(self, replica_id: str) -> str:
-        seconds = self.reload_s.get(replica_id)
-        if seconds is None:
+        """`, last load 0.16 s from the store (paused 61 ms: drain 22, apply 32)`, or "" before any."""
+        load = self.loads.get(replica_id)
+        if load is None:
             return ""
-        return f", last load {seconds:.2f} s (paused {1000 * self.pause_s.get(replica_id, 0.0):.0f} ms)"
+        seconds = load.download_s + load.stage_s + load.swap_s
+        source = "directly" if load.transfer == "direct" else "from the store"
+        return (f", last load {seconds:.2f} s {source} (paused {1000 * load.swap_s:.0f} ms: drain "
+                f"{1000 * load.drain_s:.0f}, apply {1000 * load.apply_s:.0f})")
 
     def close(self) -> None:
         self._reader.close()

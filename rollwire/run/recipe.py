@@ -129,6 +129,9 @@ class InferenceRecipe(VllmServerSettings):
     stage_weights: bool = True
     """Read each new version into host memory while the replica still serves, so that its pause only
     copies it in (one more copy of the weights in host memory meanwhile); false reads inside the pause."""
+    direct_weights: bool = True
+    """Receive a version from the trainer's memory when it offers that (`[trainer.direct] enabled`),
+    with no object-store read; false always fetches from the store."""
 
 
 class FeedbackRecipe(_Section):
@@ -257,7 +260,7 @@ class RunRecipe(_Section):
             own["port"] = self.inference.replica_ports[index]
         if index and self.inference.log_path is not None:
             own["log_path"] = self.inference.log_path.with_name(f"{self.inference.log_path.stem}-{index}.log")
-        settings = self.inference.model_dump(exclude={"replicas", "replica_ports", "stage_weights", *own})
+        settings = self.inference.model_dump(exclude={"replicas", "replica_ports", "stage_weights", "direct_weights", *own})
         return VllmServerSettings(**settings, **own)
 
     def group_id(self, role: GroupRole) -> str:

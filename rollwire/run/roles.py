@@ -46,7 +46,8 @@ def run_replica(recipe: RunRecipe, log, topics: Topics, index: int) -> None:
     from rollwire.core.objectstore import open_store
     cache = recipe.identity.replica_cache(index)
     subscriber = WeightSubscriberSettings(replica_id=f"replica-{index}", policy=recipe.identity.policy, cache_dir=cache,
-                                          stage_weights=recipe.inference.stage_weights)
+                                          stage_weights=recipe.inference.stage_weights,
+                                          direct_weights=recipe.inference.direct_weights)
     server = recipe.server_settings(index).model_copy(update={"pid_file": cache / "vllm.pid"})
     serve_replica(log, topics, open_store(recipe.store), server, subscriber)
 

@@ -12,6 +12,7 @@ from reference import transformers_logprobs
 from rollwire.consumers.weight_subscriber import WeightSubscriber, WeightSubscriberSettings
 from rollwire.core.bus import EmbeddedBusSettings, catalog_topics, open_log
 from rollwire.core.bus.events import EventProducer
+from rollwire.core.weight_transfer import WeightSender
 from rollwire.core.weight_versions import DeltaBase, publish
 from rollwire.schemas import Codec, ReplicaStatus, Topics, WeightsPublished
 
@@ -36,12 +37,17 @@ class Fleet:
                                 WeightSubscriberSettings(replica_id=self.replica, cache_dir=self.tmp_path / "cache"),
                                 base_model_dir=self.tiny_models.base)
 
-    def publish(self, version: int, model_dir, *, fmt: str = "full",
-                base: tuple[WeightsPublished, Path] | None = None) -> WeightsPublished:
-        """Publishes `model_dir` as `version`; with `base` (an earlier event and its folder), as a delta on it."""
+    def publish(self, version: int, model_dir, *, fmt: str = "full", base: tuple[WeightsPublished, Path] | None = None,
+                sender: WeightSender | None = None) -> WeightsPublished:
+        """Publishes `model_dir` as `version`; with `base` (an earlier event and its folder), as a delta
+        on it; with `sender`, offered directly too, as the trainer does."""
         delta_base = DeltaBase(base[0].version, base[0].uri, base[0].manifest_sha256, base[1]) if base else None
-        event = publish(self.store, model_dir, f"run/v{version}", policy="policy", version=version,
-                        step=version, format=fmt, base_model="tiny", base=delta_base).event()
+        done = publish(self.store, model_dir, f"run/v{version}", policy="policy", version=version,
+                       step=version, format=fmt, base_model="tiny", base=delta_base)
+        event = done.event()
+        if sender is not None:
+            sender.offer(version, model_dir, done.manifest_data)
+            event = event.model_copy(update={"direct": sender.address})
         self.trainer.send(self.topics.weights, event, key="policy")
         self.trainer.flush()
         return event
@@ -280,6 +286,55 @@ def test_a_corrupted_delta_is_refused_until_the_next_snapshot(fleet, tiny_models
     assert logprobs == pytest.approx(transformers_logprobs(folders[0], PROMPT, tokens), abs=1e-3)
     recovered = subscriber.apply(fleet.publish(v + 4, folders[2]))  # the next snapshot
     assert recovered.state == "serving" and recovered.serving_version == v + 4
+
+
+class StoreCalls:
+    """An object store that records every method called on it."""
+
+    def __init__(self, store) -> None:
+        self.store, self.calls = store, []
+
+    def __getattr__(self, name: str):
+        self.calls.append(name)
+        return getattr(self.store, name)
+
+
+def test_versions_sent_directly_reload_the_replica_with_no_object_store_read(fleet, tiny_models, version_base):
+    """The trainer's memory to the engine's workers over gloo: a snapshot, then a delta (sent whole,
+    checked against its result's digests), each serving its own weights with no call on the store;
+    with the sender gone, the next version comes from the store, rebuilt from the snapshot."""
+    v = version_base
+    folders = [nudged(tiny_models.version(seed=40), 40)]
+    folders.append(nudged(folders[0], 41))
+    folders.append(nudged(folders[1], 42))
+    store = StoreCalls(fleet.store)
+    subscriber = WeightSubscriber(fleet.log, fleet.topics, store, fleet.server.control,
+                                  WeightSubscriberSettings(replica_id="direct", cache_dir=fleet.tmp_path / "cache"),
+                                  base_model_dir=tiny_models.base)
+    sender = WeightSender(timeout_s=30)
+    try:
+        events = [fleet.publish(v + 1, folders[0], sender=sender)]
+        events.append(fleet.publish(v + 2, folders[1], base=(events[0], folders[0]), sender=sender))
+        assert [e.encoding for e in events] == ["snapshot", "delta"]
+        for event, folder in zip(events, folders):
+            status = subscriber.apply(event)
+            assert (status.state, status.transfer, status.serving_version) == ("serving", "direct", event.version), \
+                status.reason
+            assert status.bytes_downloaded == 0 and status.stage_s > 0 and status.swap_s > 0
+            tokens, logprobs, versions = served_logprobs(fleet.server)
+            assert versions == [{"version": str(event.version), "start": 0, "end": len(tokens)}]
+            assert logprobs == pytest.approx(transformers_logprobs(folder, PROMPT, tokens), abs=1e-3)
+        assert store.calls == [] and sender.sent == 2
+    finally:
+        sender.close()
+    third = fleet.publish(v + 3, folders[2], base=(events[1], folders[1])).model_copy(update={"direct": sender.address})
+
+    status = subscriber.apply(third)  # no sender answers: the store, and a delta on files this replica never had
+
+    assert (status.state, status.transfer, status.serving_version) == ("serving", "store", v + 3), status.reason
+    assert "get_bytes" in store.calls
+    tokens, logprobs, _ = served_logprobs(fleet.server)
+    assert logprobs == pytest.approx(transformers_logprobs(folders[2], PROMPT, tokens), abs=1e-3)
 
 
 def test_lora_versions_load_under_new_adapter_names(fleet, tiny_models, version_base, tmp_path):

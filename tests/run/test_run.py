@@ -70,7 +70,8 @@ def _install_user_environment(folder: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def interrupted_run(tmp_path_factory) -> dict:
     """Runs 8 steps in two parts: SIGINT after step 3 (the scorer `kill -9`ed before), then a resume;
-    two inference replicas and two env workers, routed by version, and a trainer of two ranks. The
+    two inference replicas and two env workers, routed by version, and a trainer of two ranks that
+    sends each version to the replicas directly (gloo) as well as to the store. The
     run trains reverse-digits and an environment from a package a user made with `rollwire env init`."""
     folder = tmp_path_factory.mktemp("run")
     run_dir, metrics = folder / "short", folder / "short" / "metrics.jsonl"
@@ -78,7 +79,7 @@ def interrupted_run(tmp_path_factory) -> dict:
     user_environment = f'[[environments]]\nname = "{USER_ENVIRONMENT}"\ngroup_size = 4\noptions = {{ largest = 9 }}\n' \
                        'sampling = { temperature = 1.0, max_tokens = 4 }\n'
     recipe = recipe_file(folder, "short", steps=8, replicas=2, env_workers=2, trainer_processes=2, tiny=TIED_QWEN3,
-                         environments=user_environment)
+                         environments=user_environment, direct=True)
     first = start_run(str(recipe), "--run-dir", str(run_dir), env=env)
     _wait_for_steps(first, metrics, 1)
     killed = _role_process(first, "scorer")
@@ -164,6 +165,8 @@ def test_calls_are_routed_over_both_replicas_and_both_end_on_the_newest_version(
         if s.state == "serving":
             newest[s.replica_id] = max(newest.get(s.replica_id, 0), s.serving_version or 0)
     assert newest.keys() == {"replica-0", "replica-1"} and min(newest.values()) >= 7, newest  # both follow the trainer
+    direct = {s.replica_id for s in statuses if s.state == "serving" and s.transfer == "direct"}
+    assert direct == {"replica-0", "replica-1"}, [(s.replica_id, s.requested_version, s.transfer) for s in statuses]
     assert all(s.url and s.url.startswith("http://127.0.0.1:") for s in statuses)
 
 
