@@ -313,10 +313,11 @@ def test_versions_sent_directly_reload_the_replica_with_no_object_store_read(fle
                                   base_model_dir=tiny_models.base)
     sender = WeightSender(timeout_s=30)
     try:
-        events = [fleet.publish(v + 1, folders[0], sender=sender)]
-        events.append(fleet.publish(v + 2, folders[1], base=(events[0], folders[0]), sender=sender))
-        assert [e.encoding for e in events] == ["snapshot", "delta"]
-        for event, folder in zip(events, folders):
+        events: list[WeightsPublished] = []
+        for index, folder in enumerate(folders[:2]):  # the sender holds the newest version only
+            base = (events[-1], folders[index - 1]) if events else None
+            event = fleet.publish(v + 1 + index, folder, base=base, sender=sender)
+            events.append(event)
             status = subscriber.apply(event)
             assert (status.state, status.transfer, status.serving_version) == ("serving", "direct", event.version), \
                 status.reason
@@ -324,6 +325,7 @@ def test_versions_sent_directly_reload_the_replica_with_no_object_store_read(fle
             tokens, logprobs, versions = served_logprobs(fleet.server)
             assert versions == [{"version": str(event.version), "start": 0, "end": len(tokens)}]
             assert logprobs == pytest.approx(transformers_logprobs(folder, PROMPT, tokens), abs=1e-3)
+        assert [e.encoding for e in events] == ["snapshot", "delta"]
         assert store.calls == [] and sender.sent == 2
     finally:
         sender.close()
