@@ -41,7 +41,7 @@ def quick_keep_pause() -> bool:
         await pause_scheduler(mode=mode, clear_cache=False)  # vLLM ignores clear_cache for keep
 
     pause_generation._rollwire = True  # type: ignore[attr-defined]
-    AsyncLLM.pause_generation = pause_generation
+    setattr(AsyncLLM, "pause_generation", pause_generation)  # noqa: B010 - mypy refuses assigning a method
     return True
 
 

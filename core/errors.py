@@ -22,6 +22,7 @@
     │   ├── CorruptCheckpointError
     │   └── IncompatibleCheckpointError
     ├── DeltaError             rollwire.core.weight_deltas — a weight delta does not apply to the file given
+    ├── TransferError          rollwire.core.weight_transfer — a version could not be received from the trainer directly
     ├── HttpError              rollwire.core.http — a JSON service failed or refused a request
     ├── VllmError              rollwire.consumers.vllm_control — the vLLM server refused a request
     │   └── NoReplica          rollwire.producers.routing — no replica serves a version the rollout may use

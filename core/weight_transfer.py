@@ -133,9 +133,9 @@ class WeightSender:
                 {"manifest_bytes": len(offered.manifest_data),
                  "files": [[name, int(data.numel())] for name, data in offered.files]}))
             group = dist.ProcessGroupGloo(dist.PrefixStore(f"t{ticket}/", self._store), 0, 2, self._timeout)
-            group.send([torch.frombuffer(bytearray(offered.manifest_data), dtype=torch.uint8)], 1, 0).wait()
+            group.send([torch.frombuffer(bytearray(offered.manifest_data), dtype=torch.uint8)], 1, 0).wait()  # type: ignore[attr-defined]
             for tag, (_, data) in enumerate(offered.files, start=1):
-                group.send([data], 1, tag).wait()
+                group.send([data], 1, tag).wait()  # type: ignore[attr-defined]
             self.sent += 1
             logger.info("sent version %d to %s (%.1f MB)", offered.version, request.get("who", "?"),
                         sum(d.numel() for _, d in offered.files) / 1e6)
@@ -186,10 +186,10 @@ def receive(address: str, version: int, manifest_sha256: str, *, who: str = "",
         group = dist.ProcessGroupGloo(dist.PrefixStore(f"t{ticket}/", store), 1, 2,
                                       datetime.timedelta(seconds=timeout_s))
         manifest_buffer = torch.empty(answer["manifest_bytes"], dtype=torch.uint8)
-        group.recv([manifest_buffer], 0, 0).wait()
+        group.recv([manifest_buffer], 0, 0).wait()  # type: ignore[attr-defined]
         buffers = [(name, torch.empty(size, dtype=torch.uint8)) for name, size in answer["files"]]
         for tag, (_, buffer) in enumerate(buffers, start=1):
-            group.recv([buffer], 0, tag).wait()
+            group.recv([buffer], 0, tag).wait()  # type: ignore[attr-defined]
     except TransferError:
         raise
     except Exception as exc:  # noqa: BLE001 - a timeout or a dropped peer

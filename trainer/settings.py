@@ -145,8 +145,8 @@ class DirectSettings(BaseModel):
 
     enabled: bool = False
     """Offer every full version directly (`WeightsPublished.direct`); it holds one more copy of the
-    published weights in the trainer's host memory. Replicas take it unless `[inference]
-    direct_weights = false`."""
+    published weights in the trainer's host memory. Replicas take the offer unless told not to
+    (`[inference] direct_weights`)."""
     host: str = "127.0.0.1"
     """Address the replicas' engines reach the trainer at (this host's address on the cluster network
     when they run elsewhere). The exchange is unauthenticated: keep it on a private network."""
