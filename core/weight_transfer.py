@@ -160,7 +160,7 @@ class Received:
 
 
 def receive(address: str, version: int, manifest_sha256: str, *, who: str = "",
-            timeout_s: float = 60.0, connect_timeout_s: float = 5.0) -> Received:
+            timeout_s: float = 60.0, connect_timeout_s: float = 2.0) -> Received:
     """Version `version` from the sender at `address` (`gloo://host:port`), verified against
     `manifest_sha256` (the event's) and the manifest's file digests; the tensors are views of the
     received files. Raises `TransferError` with the reason."""
