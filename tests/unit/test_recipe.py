@@ -171,6 +171,9 @@ def test_progress_rebuilds_metrics_from_the_log_and_draws_the_curve(tmp_path):
                                                        metrics_mean={"completion_tokens": 5.0 - step}, wait_s=0.2),
                       key="policy")
     producer.send(topics.fleet, ReplicaStatus(replica_id="r0", state="serving", serving_version=3), key="r0")
+    producer.send(topics.fleet, ReplicaStatus(replica_id="r1", state="serving", serving_version=3, requested_version=3,
+                                              stage_s=0.1, swap_s=0.05, drain_s=0.002, apply_s=0.045,
+                                              transfer="direct"), key="r1")
     producer.send(topics.rollouts, rollout(), key="g")
     for index in range(3):  # one of them the rollout above; two still sampling
         producer.send(topics.sampling, SamplingStarted(group_id="g", sample_index=index, worker="w"), key="g")
@@ -187,7 +190,7 @@ def test_progress_rebuilds_metrics_from_the_log_and_draws_the_curve(tmp_path):
     rows = [__import__("json").loads(line) for line in metrics.read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3] and rows[2]["reward_mean"] == pytest.approx(0.3)
     assert rows[0]["metric/completion_tokens"] == 4.0 and rows[0]["wait_s"] == 0.2
-    assert progress.serving == {"r0": 3} and progress.rollouts == 1
+    assert progress.serving == {"r0": 3, "r1": 3} and progress.rollouts == 1
     assert progress.unreadable == 1 and "p.train" in progress.summary()
     assert progress.mean_reward(first=2) == pytest.approx(0.15) and progress.mean_reward(last=1) == pytest.approx(0.3)
     import io
@@ -198,6 +201,7 @@ def test_progress_rebuilds_metrics_from_the_log_and_draws_the_curve(tmp_path):
     shown = screen.getvalue()
     assert "3/10" in shown and "0.300 now" in shown and "r0 v3 (serving)" in shown and "unreadable" in shown
     assert "1 published · 0 errored · 2 sampling now" in shown
+    assert "r1 v3 (serving, last load 0.15 s directly (paused 50 ms: drain 2, apply 45))" in shown
     png = plot(progress.rows, tmp_path / "curve.png")
     assert png.read_bytes()[:4] == b"\x89PNG"
 
