@@ -104,7 +104,8 @@ def measure(folder: Path, name: str, max_off_policy: int, steps: int, distributi
     path = folder / f"{name}.toml"
     path.write_text(env_bound_recipe(steps=steps, distribution=distribution, scale=scale, max_off_policy=max_off_policy,
                                      concurrency=args.concurrency, inference_concurrency=args.inference_concurrency,
-                                     inference_window=args.inference_window, waiting_rollouts=args.waiting_rollouts))
+                                     inference_window=args.inference_window,
+                                     waiting_rollouts=args.waiting_rollouts if max_off_policy else None))
     recipe = load_recipe(path, run_dir=str(folder / name))
     sampler = CpuSampler()
     result = run(recipe, console=Console(stderr=True, quiet=True))
@@ -139,7 +140,7 @@ def main() -> int:
     parser.add_argument("--waiting-rollouts", type=int, default=None,
                         help="the dispatcher's allowance of issued rollouts not yet sampling (default: its own, "
                              "max_off_policy batches; 0 counts every rollout from its issue, as before the "
-                             "budget counted from sampling)")
+                             "budget counted from sampling); the synchronous setting keeps its own 0")
     parser.add_argument("--warmup", type=int, default=2, help="first steps left out of the figures (default: %(default)s)")
     parser.add_argument("--latencies", default="lognormal,pareto",
                         help="latency distributions to run besides zero (default: %(default)s)")
