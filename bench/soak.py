@@ -1,14 +1,20 @@
 """A long run, watched: each component's resident memory and open file descriptors, and the rate
 the loop holds, over `--minutes` of `rollwire run` (the demo recipe, or RECIPE).
 
-    python bench/soak.py [RECIPE] [--minutes 20] [--warmup-minutes 5] [--every 10] [--bus kafka]
+    python bench/soak.py [RECIPE] [--minutes 20] [--warmup-minutes 5] [--every 10] [--bus kafka] [--sites]
 
 Every `--every` seconds it samples every process of the run (each component, and the vLLM server
-under each replica with its engine processes): RSS and open file descriptors. After the warm-up, growth is fitted by least
-squares and reported per hour, as a share of the component's size after warm-up (the goal: under
-5% an hour). The rate: trainer steps and trained rollouts per minute in the last quarter of the
-run against the first quarter after warm-up, measured in the same run (1.0 = held). The run is
-stopped as Ctrl-C would stop it at the end. The last line is `RESULT ...`.
+under each replica with its engine processes): RSS, open file descriptors and threads. After
+the warm-up, growth is fitted by least squares and reported per hour, as a share of the
+component's size after warm-up (the goal: under 5% an hour). The rate: trainer steps and
+trained rollouts per minute in the last quarter of the run against the first quarter after
+warm-up, measured in the same run (1.0 = held). The run is stopped as Ctrl-C would stop it at
+the end. The last line is `RESULT ...`.
+
+`--sites` also traces every component's Python allocations (`[telemetry.memory_sites]`,
+`rollwire.core.memory_sites`) and prints, per component, the allocation sites that grew most
+after the warm-up, with their growth per hour: where a leak is. Tracing slows the components, so
+a run with `--sites` finds growth; the rate and the growth shares come from a run without it.
 """
 
 from __future__ import annotations
@@ -54,14 +60,41 @@ def _log_name(process: psutil.Process) -> str | None:
     return target.stem if target.suffix == ".log" and target.parent.name == "logs" else None
 
 
-def usage(processes: list[psutil.Process]) -> tuple[float, int]:
-    """Resident MB and open file descriptors, summed over `processes`."""
-    rss, fds = 0.0, 0
+def usage(processes: list[psutil.Process]) -> tuple[float, int, int]:
+    """Resident MB, open file descriptors and threads, summed over `processes`."""
+    rss, fds, threads = 0.0, 0, 0
     for proc in processes:
         with contextlib.suppress(psutil.Error):
             rss += proc.memory_info().rss / 2**20
             fds += proc.num_fds()
-    return rss, fds
+            threads += proc.num_threads()
+    return rss, fds, threads
+
+
+def traced_recipe(recipe: str | None, folder: Path, warmup_s: float, every_s: float) -> str:
+    """The recipe (default: the demo) with `[telemetry.memory_sites]` on, written into `folder`."""
+    from rollwire.run.recipe import recipe_text
+    text = recipe_text(Path(recipe) if recipe else None)
+    path = folder / "traced.toml"
+    path.write_text(text + f"\n[telemetry.memory_sites]\nenabled = true\nwarmup_s = {warmup_s}\nevery_s = {every_s}\n")
+    return str(path)
+
+
+def print_sites(folder: Path, top: int = 5) -> None:
+    """Per component, the allocation sites that grew most from the first line to the last, per hour."""
+    from rollwire.core.memory_sites import read_sites
+    print(f"\nallocation sites that grew after the warm-up (tracemalloc; {folder}):")
+    for name, lines in read_sites(folder).items():
+        if len(lines) < 2:
+            continue
+        first, last = lines[0], lines[-1]
+        hours = max(last["t_s"] - first["t_s"], 1e-9) / 3600
+        before = {s["site"]: s["grew_kb"] for s in first["sites"]}
+        print(f"  {name}: traced {last['traced_mb']:.1f} MB, {last['threads']} threads")
+        for site in last["sites"][:top]:
+            rate = (site["grew_kb"] - before.get(site["site"], 0.0)) / 1024 / hours
+            print(f"    {site['site']:<60} {site['grew_kb'] / 1024:8.2f} MB ({site['blocks']:+d} blocks), "
+                  f"{rate:+.2f} MB/h over the last {hours * 60:.0f} min")
 
 
 def slope_per_hour(points: list[tuple[float, float]]) -> float:
@@ -79,9 +112,15 @@ def main() -> None:
     parser.add_argument("--warmup-minutes", type=float, default=5.0, help="left out of the fits (default %(default)s)")
     parser.add_argument("--every", type=float, default=10.0, help="seconds between samples (default %(default)s)")
     parser.add_argument("--bus", choices=["embedded", "kafka"], default="embedded")
+    parser.add_argument("--sites", action="store_true",
+                        help="trace allocations in every component and print the sites that grew (slower)")
     args = parser.parse_args()
 
     folder = Path(tempfile.mkdtemp(prefix="soak-"))
+    recipe = args.recipe
+    if args.sites:
+        recipe = traced_recipe(recipe, folder, warmup_s=args.warmup_minutes * 60,
+                               every_s=max(60.0, (args.minutes - args.warmup_minutes) * 60 / 6))
     bus_args: list[str] = []
     stop_broker = None
     if args.bus == "kafka":
@@ -89,12 +128,12 @@ def main() -> None:
         from bus import start_broker
         bootstrap, stop_broker = start_broker()
         bus_args = ["--bus", "kafka", "--bootstrap", bootstrap]
-    command = [sys.executable, "-m", "rollwire", "run", *([args.recipe] if args.recipe else []),
+    command = [sys.executable, "-m", "rollwire", "run", *([recipe] if recipe else []),
                "--run-dir", str(folder / "run"), "--steps", "100000", *bus_args]
     run = subprocess.Popen(command, stdout=open(folder / "run.out", "w"), stderr=subprocess.STDOUT,
                            env={**os.environ, "COLUMNS": "200"},  # SIGINT is Ctrl-C to it, even from a background job
                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    samples: dict[str, list[tuple[float, float, int]]] = defaultdict(list)  # name -> (t, rss MB, fds)
+    samples: dict[str, list[tuple[float, float, int, int]]] = defaultdict(list)  # name -> (t, rss MB, fds, threads)
     started = time.monotonic()
     metrics = folder / "run" / "metrics.jsonl"
     try:
@@ -108,9 +147,9 @@ def main() -> None:
             if run.poll() is not None:
                 raise SystemExit(f"rollwire run ended after {elapsed:.0f} s; see {folder / 'run.out'}")
             for name, processes in components(parent).items():
-                rss, fds = usage(processes)
+                rss, fds, threads = usage(processes)
                 if rss:
-                    samples[name].append((elapsed, rss, fds))
+                    samples[name].append((elapsed, rss, fds, threads))
             time.sleep(args.every)
     finally:
         run.send_signal(signal.SIGINT)
@@ -126,20 +165,24 @@ def main() -> None:
     warm, total = args.warmup_minutes * 60, args.minutes * 60
     print(f"soak: {args.minutes:g} min of rollwire run ({args.bus} log), warm-up {args.warmup_minutes:g} min, "
           f"a sample every {args.every:g} s; files in {folder}")
-    print(f"{'component':<14} {'RSS MB':>8} {'growth/h':>9} {'fds':>5} {'fds/h':>7}")
+    print(f"{'component':<14} {'RSS MB':>8} {'growth/h':>9} {'fds':>5} {'fds/h':>7} {'threads':>8} {'threads/h':>10}")
     worst = 0.0
     for name in sorted(samples):
         after = [s for s in samples[name] if s[0] >= warm]
         if len(after) < 3:
             continue
-        rss = slope_per_hour([(t, r) for t, r, _ in after])
-        fds = slope_per_hour([(t, float(f)) for t, _, f in after])
+        rss = slope_per_hour([(t, r) for t, r, _, _ in after])
+        fds = slope_per_hour([(t, float(f)) for t, _, f, _ in after])
+        threads = slope_per_hour([(t, float(n)) for t, _, _, n in after])
         share = 100 * rss / after[0][1]
         worst = max(worst, share)
-        print(f"{name:<14} {after[-1][1]:8.0f} {share:8.1f}% {after[-1][2]:5d} {fds:7.1f}")
+        print(f"{name:<14} {after[-1][1]:8.0f} {share:8.1f}% {after[-1][2]:5d} {fds:7.1f} {after[-1][3]:8d} "
+              f"{threads:10.1f}")
     rate = _rate_held(rows, warm, total, first_step_at)
-    (folder / "samples.json").write_text(json.dumps(samples))  # (seconds, RSS MB, fds) per component
+    (folder / "samples.json").write_text(json.dumps(samples))  # (seconds, RSS MB, fds, threads) per component
     print(f"steps: {len(rows)}; trained rollouts per minute, last quarter vs first quarter after warm-up: {rate:.2f}")
+    if args.sites:
+        print_sites(folder / "run" / "memory")
     print(f"RESULT minutes={args.minutes:g} worst_rss_growth_pct_per_h={worst:.3g} rate_held={rate:.3g} steps={len(rows)}")
 
 

@@ -41,6 +41,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from pydantic import BaseModel, ConfigDict, Field
 
 from rollwire.core.errors import ConfigError
+from rollwire.core.memory_sites import MemorySitesSettings
 from rollwire.core.metrics import MetricsSettings
 from rollwire.core.trackers import MLflowSettings, TensorBoardSettings, TrackerName, TrackioSettings, WandbSettings
 
@@ -75,6 +76,8 @@ class TelemetrySettings(BaseModel):
     """For `report_to = ["wandb"]` (the `wandb` extra)."""
     trackio: TrackioSettings = Field(default_factory=TrackioSettings)
     """For `report_to = ["trackio"]` (the `trackio` extra)."""
+    memory_sites: MemorySitesSettings = Field(default_factory=MemorySitesSettings)
+    """Where each component's memory grows, by allocation site (`rollwire.core.memory_sites`; off by default)."""
 
 
 def tracer() -> trace.Tracer:

@@ -131,6 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     meters = metrics.configure(settings.metrics, settings.service_name)
     topics = recipe.identity.topics
     started = time.monotonic()
+    sites = None
+    if settings.memory_sites.enabled:
+        from rollwire.core.memory_sites import MemorySites
+        sites = MemorySites(recipe.run_dir / "memory" / f"{args.role}-{args.index}.jsonl", settings.memory_sites,
+                            root=str(Path(__file__).resolve().parents[2])).start()
     try:
         with open_log(recipe.bus) as log:
             log.create_topics(catalog_topics(topics))
@@ -138,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         logging.getLogger(__name__).info("stopped after %.0f s", time.monotonic() - started)
     finally:
+        if sites is not None:
+            sites.stop()
         for shut in (provider, meters):
             if shut is not None:
                 shut.shutdown()
