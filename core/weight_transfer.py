@@ -47,6 +47,8 @@ logger = logging.getLogger(__name__)
 
 SCHEME = "gloo"
 _POLL_S = 0.005
+ANSWER_TIMEOUT_S = 10.0
+"""A live sender answers a request within milliseconds; a store whose sender has stopped, never."""
 
 
 class TransferError(RollwireError):
@@ -72,7 +74,7 @@ class WeightSender:
                  max_parallel: int = 4) -> None:
         import torch.distributed as dist
         self._timeout = datetime.timedelta(seconds=timeout_s)
-        self._store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=self._timeout)
+        self._store: Any = dist.TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=self._timeout)
         self.address = f"{SCHEME}://{host}:{self._store.port}"
         """Where replicas reach this sender (`WeightsPublished.direct`)."""
         self._offered: Offered | None = None
@@ -143,12 +145,14 @@ class WeightSender:
             logger.warning("direct transfer %d failed: %s", ticket, exc)
 
     def close(self) -> None:
-        """Stops answering; transfers under way end on their own (or time out at the receiver)."""
+        """Stops answering and closes the rendezvous store, so that a replica asking later fails at
+        once; transfers under way end on their own (or time out at the receiver)."""
         self._closed.set()
         self._thread.join(timeout=5)
         self._pool.shutdown(wait=False, cancel_futures=True)
         with self._lock:
             self._offered = None
+        self._store = None  # the last reference: the store's server closes
 
 
 @dataclass(frozen=True)
@@ -179,7 +183,7 @@ def receive(address: str, version: int, manifest_sha256: str, *, who: str = "",
         ticket = store.add("tickets", 1)
         store.set(f"request/{ticket}", json.dumps({"version": version, "manifest_sha256": manifest_sha256,
                                                     "who": who}))
-        store.wait([f"answer/{ticket}"])
+        store.wait([f"answer/{ticket}"], datetime.timedelta(seconds=min(timeout_s, ANSWER_TIMEOUT_S)))
         answer = json.loads(store.get(f"answer/{ticket}"))
         if "refused" in answer:
             raise TransferError(f"the sender at {address} refused: {answer['refused']}")

@@ -102,8 +102,7 @@ def test_bytes_that_differ_from_the_manifest_are_refused(tmp_path, sender):
 def test_no_sender_is_a_quick_clear_error(tmp_path):
     sender = WeightSender()
     address = sender.address
-    sender.close()
-    del sender
+    sender.close()  # still referenced here: closing alone must stop the answers
     started = time.monotonic()
     with pytest.raises(TransferError, match="no weight sender at gloo://"):
         receive(address, 1, "0" * 64, connect_timeout_s=1)
