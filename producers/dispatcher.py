@@ -43,12 +43,12 @@ dropped as stale.
 from __future__ import annotations
 
 import random
-from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from rollwire.core.bounds import RecentKeys
 from rollwire.core.bus import AtOffsets, DeadLetters, EventConsumer, EventLog, EventProducer, read_to_end
 from rollwire.core.errors import ConfigError
 from rollwire.producers.tasksets import TASKSETS, Taskset
@@ -145,12 +145,13 @@ class Dispatcher:
         self.issued = self.accounted = 0
         self.started = 0
         """Rollouts that sent `SamplingStarted` (each once: a re-run after a worker's crash is recognised)."""
-        self._started_ids: OrderedDict[tuple[str, int], None] = OrderedDict()
-        self._dedupe_window = budget.dedupe_window
+        self._started_ids = RecentKeys(budget.dedupe_window, "dispatcher.started",
+                                       what=": a rollout re-run after that many others started is counted twice")
         self.dead_lettered = 0
         """Rollouts counted back because a component dead-lettered them (or their task)."""
         self.policy_version = 0
-        self._letters_seen: set[tuple[str, int, int]] = set()
+        self._letters_seen = RecentKeys(budget.dedupe_window, "dispatcher.dead_letters",
+                                        what=": a dead letter read again after that many others is counted back twice")
         self._codec = Codec()
         self._count_issued(log)
 
@@ -170,13 +171,8 @@ class Dispatcher:
         return max(0, min(self.started - self.accounted, self.in_flight))
 
     def _count_started(self, event: SamplingStarted) -> None:
-        key = (event.group_id, event.sample_index)
-        if key in self._started_ids:
-            return
-        self._started_ids[key] = None
-        if len(self._started_ids) > self._dedupe_window:
-            self._started_ids.popitem(last=False)
-        self.started += 1
+        if self._started_ids.add((event.group_id, event.sample_index)):
+            self.started += 1
 
     def _read_progress(self, timeout_s: float) -> None:
         deliveries = self.progress.poll_batch(1000, timeout_s)
@@ -205,10 +201,8 @@ class Dispatcher:
         """Rollouts a component dead-lettered are neither trained nor dropped: without counting them
         back, each would narrow the budget for good (and a run whose rollouts are all refused would
         stand still). A dead task stands for its whole group."""
-        where = (letter.source_topic, letter.partition, letter.offset)
-        if where in self._letters_seen:
+        if not self._letters_seen.add((letter.source_topic, letter.partition, letter.offset)):
             return
-        self._letters_seen.add(where)
         if letter.source_topic == self.topics.scored and (letter.key or b"").startswith(PRODUCTION_GROUP_PREFIX.encode()):
             return
         if letter.source_topic in (self.topics.rollouts, self.topics.scored):

@@ -38,7 +38,7 @@ from rollwire.streams import group_changelog
 from rollwire.streams.host import Output
 from rollwire.streams.in_process import InProcessDriver
 from rollwire.streams.scorer_host import ScorerHost
-from rollwire.streams.scoring import GroupScorer, scoring_span
+from rollwire.streams.scoring import GroupScorer, GroupState, scoring_span
 
 logger = logging.getLogger(__name__)
 
@@ -74,8 +74,9 @@ class EmbeddedScorer(InProcessDriver):
         self._codec = Codec()
 
     @property
-    def states(self) -> dict[str, ScorerGroupState]:
-        """The groups held now (after a step: every one restored is read by its first tick)."""
+    def states(self) -> dict[str, GroupState]:
+        """The groups held now (after a step: every one restored is read by its first tick; a
+        closed one as a `ClosedGroup`)."""
         return self.host.held()
 
     def _restore(self, owned: frozenset[int]) -> None:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from rollwire.schemas.base import Event
 from rollwire.schemas.rollout import RolloutCompleted
 from rollwire.schemas.scorer import ScorerGroupRollout, ScorerGroupState
-from rollwire.streams.scoring import Step
+from rollwire.streams.scoring import GroupState, Step
 
 SEPARATOR = "\x00"
 """Between a group id and a sample index in a rollout record's key (group ids never hold NUL)."""
@@ -53,8 +53,9 @@ def header(state: ScorerGroupState) -> ScorerGroupState:
     return state.model_copy(update={"rollouts": [], "rollout_ids": []})
 
 
-def writes(group_id: str, before: ScorerGroupState | None, step: Step) -> list[Write]:
-    """The records that take the table from `before` to `step.state`."""
+def writes(group_id: str, before: GroupState | None, step: Step) -> list[Write]:
+    """The records that take the table from `before` to `step.state` (never a `ClosedGroup`: a
+    group closes in the step that writes its ids)."""
     if not step.changed:
         return []
     after = step.state
@@ -62,7 +63,10 @@ def writes(group_id: str, before: ScorerGroupState | None, step: Step) -> list[W
         held = before.group_size if before is not None else 0
         forgotten: list[Write] = [(group_id, None)]
         return forgotten + [(rollout_key(group_id, i), None) for i in range(held)]
-    held_before = before.rollouts if before is not None and before.closed_at_ms is None else []
+    if not isinstance(after, ScorerGroupState):
+        raise TypeError(f"group {group_id}: a compact closed group has no record to write")
+    open_before = isinstance(before, ScorerGroupState) and before.closed_at_ms is None
+    held_before = before.rollouts if open_before and isinstance(before, ScorerGroupState) else []
     if after.closed_at_ms is not None:
         return [(group_id, header(after))] + [(rollout_key(group_id, r.sample_index), None) for r in held_before]
     known = {r.rollout_id for r in held_before}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from opentelemetry import trace
 from pydantic import BaseModel, ConfigDict, Field
 
 from rollwire.core import telemetry
+from rollwire.core.bounds import digest
 from rollwire.schemas.base import Event, now_ms
 from rollwire.schemas.rollout import RolloutCompleted, ScoredRollout
 from rollwire.schemas.scorer import ScorerGroupState
@@ -31,6 +33,11 @@ from rollwire.streams import advantages
 from rollwire.streams.advantages import GroupSample, UnknownAlgorithmError
 from rollwire.streams.group_rewards import GroupRewardSpec, resolve
 from rollwire.streams.teacher import TeacherClient, TeacherSettings
+
+CLOSED_GROUP_BYTES = 450
+"""At most what one closed group of 8 rollouts costs the scorer's memory: its `ClosedGroup` (~190 B),
+its group id (~80 B for a uuid) and its places in the maps that hold it (~100 B);
+`tests/unit/test_bounds.py` measures it (~390 B). A closed group kept whole cost ~1.2 KB."""
 
 TeacherLogprobs = Callable[[Sequence[int], Sequence[int]], list[float]]
 """`(prompt_token_ids, completion_token_ids) -> teacher logprob of each completion token`."""
@@ -59,17 +66,61 @@ class ScorerSettings(BaseModel):
     the scorer's memory stays bounded whatever arrives, e.g. groups whose members never come."""
     retain_closed_s: float = Field(default=3600.0, ge=0)
     """How long a closed group's rollout ids are remembered to recognise redeliveries."""
+    max_closed_groups: int = Field(default=100_000, ge=1)
+    """Most closed groups one scorer process remembers (as `ClosedGroup`: at most
+    `CLOSED_GROUP_BYTES`, 450 B, each: ~45 MB at the default). Past it the oldest is forgotten before
+    `retain_closed_s` (counted): a redelivery of its rollouts would then be scored again."""
     group_rewards: dict[str, list[GroupRewardSpec]] = Field(default_factory=dict)
     """Group rewards per environment name; the key `*` applies to every environment."""
     teacher: TeacherSettings | None = None
     """The teacher endpoint for on-policy distillation; None when no environment distills."""
 
 
+class ClosedGroup:
+    """A closed group as the scorer remembers it for `retain_closed_s`: enough to recognise a
+    redelivered rollout and to refuse a late one. It holds 8-byte digests of the rollout ids, not
+    the ids or the rollouts: the changelog's record of the group keeps the ids."""
+
+    __slots__ = ("group_size", "closed_at_ms", "_digests")
+    group_size: int
+    closed_at_ms: int
+
+    def __init__(self, state: ScorerGroupState) -> None:
+        if state.closed_at_ms is None:
+            raise ValueError(f"group {state.group_id} is still open")
+        self.group_size = state.group_size
+        self.closed_at_ms = state.closed_at_ms
+        self._digests = b"".join(digest(rid).to_bytes(8, "little") for rid in state.rollout_ids)
+
+    def holds(self, rollout_id: str) -> bool:
+        wanted = digest(rollout_id).to_bytes(8, "little")
+        at = self._digests.find(wanted)
+        while at != -1 and at % 8:  # a match across two digests is not one
+            at = self._digests.find(wanted, at + 1)
+        return at != -1
+
+    def __len__(self) -> int:
+        return len(self._digests) // 8
+
+
+GroupState = ScorerGroupState | ClosedGroup
+"""A group as a driver holds it: open with its rollouts, or closed and compact."""
+
+
+def compact(state: ScorerGroupState | None) -> GroupState | None:
+    """What to hold of a group: a closed one as a `ClosedGroup`."""
+    return ClosedGroup(state) if state is not None and state.closed_at_ms is not None else state
+
+
+def _holds(state: GroupState, rollout_id: str) -> bool:
+    return state.holds(rollout_id) if isinstance(state, ClosedGroup) else rollout_id in state.rollout_ids
+
+
 @dataclass
 class Step:
     """What one call produced: the group's new state and the events to send."""
 
-    state: ScorerGroupState | None
+    state: GroupState | None
     """The state to store; None deletes it (a tombstone)."""
     events: list[Event] = field(default_factory=list)
     """`ScoredRollout` and `RolloutsDropped` events, keyed by group id when sent."""
@@ -92,13 +143,13 @@ class GroupScorer:
         self._group_rewards = {env: [(spec.name, resolve(spec)) for spec in specs]
                                for env, specs in settings.group_rewards.items()}
 
-    def on_rollout(self, state: ScorerGroupState | None, rollout: RolloutCompleted,
+    def on_rollout(self, state: GroupState | None, rollout: RolloutCompleted,
                    now: int | None = None) -> Step:
         now = now_ms() if now is None else now
-        if state is not None and rollout.rollout_id in state.rollout_ids:
+        if state is not None and _holds(state, rollout.rollout_id):
             return Step(state, duplicate=True)
         reason = self._reject_reason(state, rollout)
-        if reason:
+        if reason or isinstance(state, ClosedGroup):  # (a closed group always has a reason)
             return Step(state, rejected=reason)
         if state is None:
             state = ScorerGroupState(group_id=rollout.group_id, environment=rollout.environment,
@@ -110,11 +161,11 @@ class GroupScorer:
             return Step(state, changed=True)
         return self._close(state, now, timed_out=False)
 
-    def on_tick(self, state: ScorerGroupState, now: int | None = None) -> Step:
+    def on_tick(self, state: GroupState, now: int | None = None) -> Step:
         """Closes a group past its timeout; forgets a closed group past `retain_closed_s`."""
         now = now_ms() if now is None else now
-        if state.closed_at_ms is not None:
-            if now - state.closed_at_ms >= self.settings.retain_closed_s * 1000:
+        if isinstance(state, ClosedGroup) or state.closed_at_ms is not None:
+            if now - (state.closed_at_ms or 0) >= self.settings.retain_closed_s * 1000:
                 return Step(None, changed=True)
             return Step(state)
         if now - state.first_seen_ms >= self.settings.group_timeout_s * 1000:
@@ -133,7 +184,7 @@ class GroupScorer:
                                        f"{self.settings.max_open_groups}: the oldest was closed to make room"))
         return Step(closed, events, changed=True)
 
-    def _reject_reason(self, state: ScorerGroupState | None, rollout: RolloutCompleted) -> str | None:
+    def _reject_reason(self, state: GroupState | None, rollout: RolloutCompleted) -> str | None:
         if rollout.group_size > self.settings.max_group_size:
             return (f"group_size {rollout.group_size} is over the scorer's max_group_size "
                     f"{self.settings.max_group_size}")
@@ -149,8 +200,9 @@ class GroupScorer:
                 return f"reward {', '.join(bad) or 'total'} is not a finite number"
         if state is None:
             return None
-        if state.closed_at_ms is not None:
-            return (f"group {state.group_id} is already closed with {len(state.rollout_ids)} rollouts: "
+        if isinstance(state, ClosedGroup) or state.closed_at_ms is not None:
+            held = len(state) if isinstance(state, ClosedGroup) else len(state.rollout_ids)
+            return (f"group {rollout.group_id} is already closed with {held} rollouts: "
                     f"this one is beyond its declared group_size {state.group_size} or arrived late")
         if (rollout.group_size, rollout.algorithm, rollout.environment) != \
                 (state.group_size, state.algorithm, state.environment):
@@ -210,25 +262,27 @@ class GroupScorer:
         return self._teacher(rollout.prompt_token_ids, rollout.completion_token_ids)
 
 
-class OpenGroups:
-    """The groups a driver holds open, oldest first, for `max_open_groups`: drivers `note` a group's
-    state after every change, and before opening a new group while `full()`, close `oldest()`
-    with `GroupScorer.overflow`."""
+class GroupOrder:
+    """The groups a driver holds open (or closed), oldest first: for `max_open_groups`, the oldest
+    open group is closed early to make room (`GroupScorer.overflow`); for `retain_closed_s` and
+    `max_closed_groups`, the oldest closed group is forgotten first. Drivers `note` a group's state
+    after every change."""
 
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self._ids: dict[str, None] = {}  # insertion order: the order the groups opened in
+    def __init__(self, *, closed: bool) -> None:
+        self.closed = closed
+        self._ids: OrderedDict[str, None] = OrderedDict()  # a linked order: taking the oldest is O(1)
 
     @classmethod
-    def of(cls, limit: int, states: Iterable[tuple[str, ScorerGroupState | None]]) -> OpenGroups:
-        """Rebuilt from held states (a restore), ordered by when each group opened."""
-        found = cls(limit)
-        for group_id, state in sorted(((g, s) for g, s in states if s is not None), key=lambda gs: gs[1].first_seen_ms):
+    def of(cls, states: Iterable[tuple[str, GroupState | None]], *, closed: bool) -> GroupOrder:
+        """Rebuilt from held states (a restore), ordered by when each group opened (or closed)."""
+        found = cls(closed=closed)
+        kept = [(g, s) for g, s in states if s is not None and (s.closed_at_ms is not None) == closed]
+        for group_id, state in sorted(kept, key=lambda gs: _since(gs[1], closed)):
             found.note(group_id, state)
         return found
 
-    def note(self, group_id: str, state: ScorerGroupState | None) -> None:
-        if state is not None and state.closed_at_ms is None:
+    def note(self, group_id: str, state: GroupState | None) -> None:
+        if state is not None and (state.closed_at_ms is not None) == self.closed:
             self._ids.setdefault(group_id, None)
         else:
             self._ids.pop(group_id, None)
@@ -236,8 +290,17 @@ class OpenGroups:
     def oldest(self) -> str | None:
         return next(iter(self._ids), None)
 
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._ids))
+
     def __len__(self) -> int:
         return len(self._ids)
+
+
+def _since(state: GroupState, closed: bool) -> int:
+    if closed:
+        return state.closed_at_ms or 0
+    return state.first_seen_ms if isinstance(state, ScorerGroupState) else 0
 
 
 class Deadlines:
@@ -251,7 +314,7 @@ class Deadlines:
         self.settings = settings
         self._heap: list[tuple[int, str]] = []
 
-    def push(self, group_id: str, state: ScorerGroupState | None) -> None:
+    def push(self, group_id: str, state: GroupState | None) -> None:
         if state is None:
             return
         if state.closed_at_ms is not None:

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
+from rollwire.core.bounds import RecentKeys, digest
 from rollwire.core.bus import AtOffsets, DeadLetters, Delivery, EventConsumer, EventLog, EventProducer
 from rollwire.schemas.base import now_ms
 from rollwire.schemas.rollout import RolloutCompleted, ScoredRollout, TokenSequence
@@ -69,7 +70,7 @@ class BatchConsumer:
     """Pulls scored rollouts from `positions` onwards and packs batches."""
 
     def __init__(self, log: EventLog, topics: Topics, settings: BatchSettings, *, vocab_size: int,
-                 positions: dict[tuple[str, int], int] | None = None, seen: Sequence[str] = (),
+                 positions: dict[tuple[str, int], int] | None = None, seen: Sequence[int] = (),
                  producer: EventProducer | None = None, name: str = "trainer",
                  mix: ProductionMix | None = None) -> None:
         self.settings, self.vocab_size, self.topics = settings, vocab_size, topics
@@ -79,7 +80,9 @@ class BatchConsumer:
         self.positions = {**ends, **(positions or {})}
         reader = log.reader([topics.scored], AtOffsets(dict(self.positions)))
         self.consumer = EventConsumer(reader, DeadLetters(self.producer, name))
-        self.seen = collections.OrderedDict((rid, None) for rid in seen)
+        self.seen = RecentKeys(settings.dedupe_window, "trainer.seen", digests=seen,
+                               what=": a rollout redelivered after that many others would be trained twice")
+        """The rollout ids read lately (as digests, restored from the checkpoint), to drop redeliveries."""
         self.drops: dict[str, list[str]] = collections.defaultdict(list)
         self.counts: collections.Counter[str] = collections.Counter()
         self._pending: collections.deque = collections.deque()
@@ -173,12 +176,9 @@ class BatchConsumer:
         self._read[(delivery.record.topic, delivery.record.partition)] = delivery.record.offset + 1
         scored: ScoredRollout = delivery.event
         rollout = scored.rollout
-        if rollout.rollout_id in self.seen:
+        if not self.seen.add(rollout.rollout_id):
             self.counts["duplicate"] += 1
             return
-        self.seen[rollout.rollout_id] = None
-        while len(self.seen) > self.settings.dedupe_window:
-            self.seen.popitem(last=False)
         reason = self._unusable(scored)
         if reason:
             self.consumer.dead_letter(delivery, reason)
@@ -251,11 +251,11 @@ class BatchConsumer:
                                 detail=DROP_DETAIL[key].format(**values), production=key.endswith("_production"))
                 for key, ids in drops.items() if ids]
 
-    def accounted_ids(self) -> list[str]:
-        """Recent rollout ids that a step has accounted for (pending ones excluded: after a restart
-        they are read again and must not look like duplicates)."""
-        pending = {d.event.rollout.rollout_id for d in self._pending}
-        return [rid for rid in self.seen if rid not in pending]
+    def accounted(self) -> list[int]:
+        """The digests of recent rollout ids that a step has accounted for (pending ones excluded:
+        after a restart they are read again and must not look like duplicates)."""
+        pending = {digest(d.event.rollout.rollout_id) for d in self._pending}
+        return [d for d in self.seen.digests() if d not in pending]
 
     def flush(self) -> None:
         """Makes dead letters durable (before a checkpoint moves past their records)."""

@@ -5,7 +5,7 @@ saved as one unit, so a restart resumes exactly.
         model/            save_pretrained (safetensors), or the adapter for LoRA
         optimizer.pt      optimizer state
         rng.pt            torch's CPU random state (and CUDA's where present)
-        state.json        step, version, read positions, recent rollout ids, outbox
+        state.json        step, version, read positions, recent rollout ids (digests), outbox
     <checkpoint_dir>/step-00000012-drops-00000013/
                           the same model and optimizer (hard links), later read positions, and
                           an outbox of drops only: rollouts dropped while no batch formed
@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from rollwire.core.bounds import digest, pack, unpack
 from rollwire.trainer.model import save_model
 
 
@@ -37,7 +38,8 @@ class TrainerState:
     step: int = 0
     version: int = 0
     positions: dict[tuple[str, int], int] = field(default_factory=dict)
-    seen: list[str] = field(default_factory=list)
+    seen: list[int] = field(default_factory=list)
+    """Digests of the rollout ids read lately and accounted for (`core.bounds.digest`), oldest first."""
     outbox: list[dict] = field(default_factory=list)
     """Events to send for this commit: `{"topic", "key", "event"}` with the event as JSON data."""
     commits: int = 0
@@ -46,13 +48,15 @@ class TrainerState:
     def to_json(self) -> str:
         return json.dumps({"step": self.step, "version": self.version,
                            "positions": [[t, p, o] for (t, p), o in sorted(self.positions.items())],
-                           "seen": self.seen, "outbox": self.outbox, "commits": self.commits})
+                           "seen_digests": pack(self.seen), "outbox": self.outbox, "commits": self.commits})
 
     @classmethod
     def from_json(cls, text: str) -> TrainerState:
         raw = json.loads(text)
+        # checkpoints from before digests hold the ids themselves
+        seen = unpack(raw["seen_digests"]) if "seen_digests" in raw else [digest(rid) for rid in raw["seen"]]
         return cls(step=raw["step"], version=raw["version"],
-                   positions={(t, p): o for t, p, o in raw["positions"]}, seen=raw["seen"], outbox=raw["outbox"],
+                   positions={(t, p): o for t, p, o in raw["positions"]}, seen=seen, outbox=raw["outbox"],
                    commits=raw.get("commits", raw["step"]))
 
 

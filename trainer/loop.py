@@ -184,7 +184,7 @@ class Trainer:
             self.consumer.flush()
             # Step 5
             self.state.positions = dict(self.consumer.positions)
-            self.state.seen = self.consumer.accounted_ids()
+            self.state.seen = self.consumer.accounted()
             saved = checkpoint.save(self.settings.checkpoint_dir, self.model, self.optimizer, self.state,
                                     keep=self.settings.keep_checkpoints,
                                     keep_every=self.settings.keep_checkpoint_every)
@@ -208,7 +208,7 @@ class Trainer:
         self.state.outbox = [self._entry(self.topics.drops, d.rollout_ids[0], d) for d in self.consumer.drops_event(drops)]
         self.consumer.flush()
         self.state.positions = dict(self.consumer.positions)
-        self.state.seen = self.consumer.accounted_ids()
+        self.state.seen = self.consumer.accounted()
         saved = checkpoint.save_drops(self.settings.checkpoint_dir, checkpoint.latest(self.settings.checkpoint_dir),
                                       self.model, self.optimizer, self.state, keep=self.settings.keep_checkpoints,
                                       keep_every=self.settings.keep_checkpoint_every)
