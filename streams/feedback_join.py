@@ -91,6 +91,12 @@ class FeedbackJoinSettings(BaseModel):
     """How long feedback waits for its served record(s) before it is dropped as unjoinable."""
     served_retention_s: float = Field(default=7 * 86400.0, gt=0)
     """How long a served record is kept for feedback to arrive."""
+    max_receipts: int = Field(default=50_000, ge=1)
+    """Most receipts one joiner process holds (a served record waiting for feedback, or feedback
+    waiting for its record). Each costs about its served record: ~40 B a token as Python objects,
+    so 50,000 responses of 500 tokens take ~1 GB. Past it the oldest receipt is forgotten before
+    `served_retention_s` (counted): feedback on it arriving later is dropped as `unjoinable`, and
+    feedback it held waiting is dropped now as `overflow`."""
     baseline: Annotated[str, AfterValidator(BASELINES.check)] = "source_mean"
     """Per-source baseline a rating's advantage is measured from (`BASELINES`)."""
     algorithm: str = "feedback"
@@ -197,6 +203,13 @@ class FeedbackJoiner:
         if not state.waiting and now - served_at >= self.settings.served_retention_s * 1000:
             return JoinStep(None, events)
         return JoinStep(state, events)
+
+    def forget(self, state: FeedbackJoinState, held: int) -> JoinStep:
+        """Forgets a receipt before its time to make room (`max_receipts`): the feedback it holds
+        waiting is dropped with the reason."""
+        detail = (f"the joiner held {held} receipts, its max_receipts {self.settings.max_receipts}: "
+                  f"the oldest was forgotten to make room")
+        return JoinStep(None, [self._drop(w, "overflow", detail) for w in state.waiting])
 
     @staticmethod
     def due_ms(state: FeedbackJoinState, settings: FeedbackJoinSettings) -> int:

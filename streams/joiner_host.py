@@ -5,8 +5,9 @@
     driver ──▶ host.writes()                                   ──▶ changelog writes since the last call
 
 `FeedbackJoiner` (`feedback_join.py`) is one pure step per event. The host holds what it needs
-between them: each receipt's state, each partition's source baselines, when each receipt is next
-due for a tick (per partition), the changelog writes pending, and the counts. Everything about one
+between them: each receipt's state, the receipts in the order they came (the oldest is forgotten
+past `max_receipts`), each partition's source baselines, when each receipt is next due for a tick
+(per partition), the changelog writes pending, and the counts. Everything about one
 receipt lives on the partition its id hashes to among `joiner-in`'s partitions, in both drivers:
 the faust driver (`faust_joiner.py`) routes every record there first; the in-process one
 (`embedded_joiner.py`) reads the input topics and holds every partition itself. So a source's
@@ -26,9 +27,11 @@ only, is read as the baseline of the partition its key hashes to).
 from __future__ import annotations
 
 import heapq
+from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Protocol
 
+from rollwire.core import bounds
 from rollwire.core.bus.partitioner import partition_for
 from rollwire.schemas.base import Event, now_ms
 from rollwire.schemas.feedback import FeedbackReceived
@@ -84,7 +87,8 @@ class JoinerHost(StateHost[FeedbackJoinState]):
     def __init__(self, joiner: FeedbackJoiner, partitions: int, store: ReceiptStore | None = None) -> None:
         super().__init__(partitions)
         self.joiner = joiner
-        # `stats` counts `samples` and `dropped` sent, and `duplicates` recognised
+        # `stats` counts `samples` and `dropped` sent, `duplicates` recognised, and `forgotten`
+        # (receipts forgotten early for `max_receipts`)
         self.reset(store or NoReceipts())
 
     def reset(self, store: ReceiptStore) -> None:
@@ -93,6 +97,8 @@ class JoinerHost(StateHost[FeedbackJoinState]):
         self._held = Held(store.receipt)
         self._baselines: dict[int, dict[str, SourceBaseline]] = {}
         self._schedules: dict[int, list[tuple[int, str]]] = {}
+        self._order: OrderedDict[str, None] = OrderedDict()
+        """The receipts held, oldest first (those restored join it when their partition is first ticked)."""
 
     # -- input --------------------------------------------------------------------------------
 
@@ -136,10 +142,40 @@ class JoinerHost(StateHost[FeedbackJoinState]):
     def _schedule_of(self, partition: int) -> list[tuple[int, str]]:
         if partition not in self._schedules:  # the first tick since the reset: one pass over the partition
             receipts = self._keys_in(partition, self._store.receipts(partition))
-            self._schedules[partition] = [(FeedbackJoiner.due_ms(s, self.joiner.settings), r)
-                                          for r in receipts if (s := self.state(r)) is not None]
-            heapq.heapify(self._schedules[partition])
+            held = {r: s for r in receipts if (s := self.state(r)) is not None}
+            for r in sorted(held, key=lambda r: held[r].first_seen_ms):
+                self._order.setdefault(r, None)
+            self._schedules[partition] = []
+            self._reschedule(partition, held)
         return self._schedules[partition]
+
+    def _reschedule(self, partition: int, held: dict[str, FeedbackJoinState]) -> None:
+        self._schedules[partition] = [(FeedbackJoiner.due_ms(s, self.joiner.settings), r) for r, s in held.items()]
+        heapq.heapify(self._schedules[partition])
+
+    def _bound(self) -> list[Output]:
+        """Past `max_receipts`, the oldest receipt is forgotten."""
+        outputs: list[Output] = []
+        limit = self.joiner.settings.max_receipts
+        while len(self._order) > limit:
+            receipt = next(iter(self._order))
+            state = self.state(receipt)
+            if state is None:
+                self._order.pop(receipt)
+                continue
+            self.stats["forgotten"] += 1
+            bounds.noted("joiner.max_receipts", what=": feedback arriving later on a receipt forgotten early is "
+                         "dropped as unjoinable")
+            outputs += self._apply(receipt, self.joiner.forget(state, len(self._order)))
+        return outputs
+
+    def _compact(self, partition: int) -> None:
+        """A schedule mostly of entries for receipts changed or forgotten since is rebuilt: each
+        change adds an entry, and a receipt is due only days after it came."""
+        schedule = self._schedules.get(partition)
+        if schedule is not None and len(schedule) > 2 * len(self._order) + 1024:
+            self._reschedule(partition, {r: s for r in self._order
+                                         if self.partition_of(r) == partition and (s := self.state(r)) is not None})
 
     def _apply(self, receipt: str, step: JoinStep) -> list[Output]:
         outputs = self._outputs(step)
@@ -149,16 +185,21 @@ class JoinerHost(StateHost[FeedbackJoinState]):
             self._pending.add([(baseline_key(source, partition), baseline)])
         before = self.state(receipt)
         if step.state is None:
+            self._order.pop(receipt, None)
             if before is not None:
                 self._held.put(receipt, None)
                 self._pending.add([(receipt, None)])
         elif step.state != before:
             self._held.put(receipt, step.state)
             self._pending.add([(receipt, step.state)])
+            self._order.setdefault(receipt, None)
             if partition in self._schedules:
                 heapq.heappush(self._schedules[partition], (FeedbackJoiner.due_ms(step.state, self.joiner.settings),
                                                             receipt))
         outputs += [Output("joiner-in", message, message.to) for message in step.messages]
+        if len(self._order) > self.joiner.settings.max_receipts:
+            outputs += self._bound()
+        self._compact(partition)
         return outputs
 
     def _outputs(self, step: JoinStep) -> list[Output]:

@@ -8,11 +8,13 @@ import json
 import tracemalloc
 import uuid
 
-from builders import group_of
+from builders import group_of, served
 
 from rollwire.core.bounds import BYTES_PER_KEY, RecentKeys, digest, pack, unpack
 from rollwire.core.bus.partitioner import partition_for
-from rollwire.schemas import RolloutsDropped, ScoredRollout
+from rollwire.schemas import FeedbackReceived, RolloutsDropped, ScoredRollout
+from rollwire.streams.feedback_join import FeedbackJoiner, FeedbackJoinSettings
+from rollwire.streams.joiner_host import JoinerHost
 from rollwire.streams.scorer_host import ScorerHost
 from rollwire.streams.scoring import CLOSED_GROUP_BYTES, ClosedGroup, GroupScorer, ScorerSettings
 from rollwire.trainer.checkpoint import TrainerState
@@ -128,3 +130,31 @@ def test_an_overflowed_group_is_dropped_not_forgotten():
     [out] = host.rollout(group_of("b", [1, 0, 1])[0], now=T0 + 1).outputs
     assert isinstance(out.event, RolloutsDropped) and out.event.reason == "overflow"
     assert isinstance(host.held()["a"], ClosedGroup) and host.stats["forgotten"] == 0
+
+
+def rating(feedback_id: str, value: float, receipt: str) -> FeedbackReceived:
+    return FeedbackReceived(feedback_id=feedback_id, source="app", kind="rating", rating=value, response_id=receipt,
+                            received_at_ms=T0)
+
+
+def test_past_max_receipts_the_joiner_forgets_its_oldest_receipt_and_drops_what_waited_there():
+    host = JoinerHost(FeedbackJoiner(FeedbackJoinSettings(max_receipts=2)), partitions=4)
+    assert host.event(rating("early", 1.0, "r0"), now=T0) == []  # feedback first: it waits for its record
+    assert [key for key, _ in host.writes()] == ["r0"]
+    host.event(served(response_id="r1", served_at_ms=T0), now=T0 + 1)
+    [dropped] = host.event(served(response_id="r2", served_at_ms=T0), now=T0 + 2)
+    assert isinstance(dropped.event, RolloutsDropped) and dropped.event.reason == "overflow"
+    assert dropped.event.rollout_ids == ["early"] and "max_receipts 2" in dropped.event.detail
+    assert set(host.held()) == {"r1", "r2"} and host.stats["forgotten"] == 1
+    assert ("r0", None) in host.writes()
+    [sample] = host.event(rating("late", 1.0, "r1"), now=T0 + 3)  # a receipt kept still joins
+    assert isinstance(sample.event, ScoredRollout)
+
+
+def test_the_joiner_schedule_is_rebuilt_when_it_holds_mostly_stale_entries():
+    host = JoinerHost(FeedbackJoiner(FeedbackJoinSettings(max_receipts=10)), partitions=1)
+    host.tick(now=T0)  # the schedule exists from the first tick
+    for i in range(3000):
+        host.event(served(response_id=f"r{i}", served_at_ms=T0), now=T0)
+    assert len(host.held()) == 10 and host.stats["forgotten"] == 2990
+    assert len(host._schedules[0]) <= 2 * 10 + 1024 + 1
