@@ -9,7 +9,7 @@ VENV ?= .venv
 # (the scorer role installs `streams`, the trainer and replicas the others), and faust's tests pass
 # with the newer click, so the test environment installs the streaming role first and lets the
 # model roles upgrade click. A GPU machine swaps inference-cpu for inference.
-EXTRAS ?= dev,kafka,streams,objectstore,serve,otlp
+EXTRAS ?= dev,docs,kafka,streams,objectstore,serve,otlp
 MODEL_EXTRAS ?= trainer,lora,inference-cpu,datasets,tensorboard,mlflow
 PYTEST_ARGS ?=
 # pytest-xdist workers, a file at a time (`--dist loadfile`: module fixtures run once): one takes
@@ -34,7 +34,7 @@ UV := $(VENV)/bin/uv
 UV_FLAGS := $(foreach d,$(PIP_FIND_LINKS),--find-links $(d)) \
 	$(if $(PIP_EXTRA_INDEX_URL),--extra-index-url $(PIP_EXTRA_INDEX_URL) --index-strategy unsafe-best-match)
 
-.PHONY: install run test lint bench-bus stack stack-down clean
+.PHONY: install run test lint docs bench-bus stack stack-down clean
 
 $(STAMP): pyproject.toml
 	# A failed venv (ensurepip fails on a full disk) is removed, and the free space shown.
@@ -62,11 +62,19 @@ test: install lint
 
 # Lint and types (settings in pyproject.toml): part of `make test`, so part of CI.
 lint: install
-	$(VENV)/bin/ruff check rollwire core schemas producers streams consumers trainer bench tests deploy examples
+	$(VENV)/bin/ruff check rollwire core schemas producers streams consumers trainer bench tests deploy examples docs/_gen
 	rm -rf .cache/mypy && mkdir -p .cache/mypy/rollwire
 	for d in rollwire/*; do ln -s ../../../$$d .cache/mypy/rollwire/; done
 	for d in core schemas producers streams consumers trainer; do ln -s ../../../$$d .cache/mypy/rollwire/$$d; done
 	$(VENV)/bin/mypy
+
+# The documentation site (mkdocs.yml): built in strict mode (a broken link or a page left out of the
+# navigation fails it), then served on 127.0.0.1:8000 as you edit. The reference pages are generated
+# from the code at build time (docs/_gen/pages.py). MkDocs' own deprecation banners are silenced.
+DOCS_ENV := NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true
+docs: install
+	$(DOCS_ENV) $(VENV)/bin/mkdocs build --strict
+	$(DOCS_ENV) $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8000
 
 # The compose stack with every image built on this machine, no registry needed (README: "The stack").
 # Where images can be pulled: `docker compose --profile cpu up -d` instead.

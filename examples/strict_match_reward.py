@@ -1,4 +1,4 @@
-"""A fixed reward for the demo, to re-score a recorded run with (README: "Replay: a reward-bug backfill").
+"""A fixed reward for the demo, to re-score a recorded run with (docs/concepts/replay.md: "A reward-bug backfill").
 
 The demo's `exact_match` ignores trailing dots, so an answer padded with filler earns full credit.
 Say that was a bug: this check wants the reversal and nothing after it.

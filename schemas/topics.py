@@ -1,8 +1,9 @@
 """The topic catalog: every topic, what flows on it, its key, and who writes and reads it.
 
 Topic names are `<prefix>.<name>`; the prefix (default `rollwire`) lets several runs — or every
-test — own a separate set of topics on one broker. The README's topic table is generated from
-this catalog (`rollwire topics --markdown`) and a test keeps them equal.
+test — own a separate set of topics on one broker. The documentation's topic page is generated
+from this catalog when the site is built (`docs/_gen/pages.py`; `rollwire topics --markdown`
+prints the same table).
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ class Topics:
 
 
 def markdown_table(prefix: str = "rollwire") -> str:
-    """The README's topic table, generated from the catalog."""
+    """The topic table of the documentation (and of `rollwire topics --markdown`), from the catalog."""
     rows = ["| topic | events | key | partitions | cleanup | producer | consumer |",
             "|---|---|---|---|---|---|---|"]
     for spec in CATALOG:

@@ -68,3 +68,21 @@ def shell_blocks(path: Path) -> list[Block]:
                                 not_run=marker["reason"] if marker else None))
         index = end + 1
     return blocks
+
+
+def site_pages(repo: Path) -> list[Path]:
+    """The documentation's pages in the order its site's navigation gives them (`mkdocs.yml`),
+    the order a reader follows; pages generated at build time are not files and are left out."""
+    import yaml
+
+    config = yaml.safe_load((repo / "mkdocs.yml").read_text())
+    docs = repo / config.get("docs_dir", "docs")
+
+    def walk(entries: list) -> list[str]:
+        found: list[str] = []
+        for entry in entries:
+            target = next(iter(entry.values())) if isinstance(entry, dict) else entry
+            found += walk(target) if isinstance(target, list) else [target]
+        return found
+
+    return [docs / page for page in walk(config["nav"]) if (docs / page).is_file()]

@@ -58,7 +58,7 @@ interval_s = 1
 
 DEMO_STEPS = 60
 """The session's shared demo run (`tests/run/conftest.py`): long enough to show learning, and to
-hold the steps and versions the README's commands name (25, 50 and the last ten)."""
+hold the steps and versions the documentation's commands name (25, 50 and the last ten)."""
 
 
 TIED_QWEN2 = 'architecture = "qwen2"\ntokenizer = "bpe"\ntie_embeddings = true'

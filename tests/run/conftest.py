@@ -10,6 +10,7 @@ demo's curve is the README's, measured with `make run`."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 @dataclass(frozen=True)
 class DemoRun:
     workspace: Path
-    """A folder laid out as the README's commands expect: `runs/demo` (this run), `examples/`."""
+    """A folder laid out as the docs' commands expect: `runs/demo` (this run), `examples/`, `.venv`."""
     returncode: int
     output: str
 
@@ -37,6 +38,7 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoRun]:
     """`rollwire run --steps 60` with the bundled demo recipe (what `make run` runs), writing to the workspace."""
     workspace = tmp_path_factory.mktemp("readme")
     (workspace / "examples").symlink_to(REPO / "examples")
+    (workspace / ".venv").symlink_to(Path(sys.executable).parent.parent)  # `source .venv/bin/activate` (getting started)
     done = start_run("--run-dir", str(workspace / "runs" / "demo"), "--steps", str(DEMO_STEPS))
     output = finish(done, 1500)
     yield DemoRun(workspace=workspace, returncode=done.returncode, output=output)

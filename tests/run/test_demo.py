@@ -1,6 +1,6 @@
 """The demo run (what `make run` runs, 60 steps long, once for the session: `conftest.py`): it
-learns, and the README's command blocks run on it as a reader runs them: in a shell, in a folder
-whose `runs/demo` is that run, in the order the README gives them. A block that cannot run here
+learns, and the command blocks of the README and the documentation site run on it as a reader runs
+them: in a shell, in a folder whose `runs/demo` is that run, in the order the site gives them. A block that cannot run here
 says why in a marker above it (`tests/doc_blocks.py`); this module lists those reasons in CI's
 output and fails a block with neither. Every test of the demo run is in this file, so that one
 test worker runs them all and the demo is run once (`make test` shares files among workers)."""
@@ -14,15 +14,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from doc_blocks import shell_blocks
+from doc_blocks import shell_blocks, site_pages
 from user_runs import DEMO_STEPS, metrics_rows
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 REPO = Path(__file__).resolve().parents[2]
-DOCUMENTS = [REPO / "README.md", *sorted(p for p in (REPO / "docs").rglob("*.md") if "notes" not in p.parts)]
-"""What a reader follows. `docs/notes/` holds the engineers' measured notes on the machines
-(installing a broker, an engine), not commands for a rollwire user."""
+DOCUMENTS = [REPO / "README.md", *(p for p in site_pages(REPO) if "notes" not in p.relative_to(REPO / "docs").parts)]
+"""What a reader follows, in the documentation site's order. `docs/notes/` holds the engineers'
+measured notes on the machines (installing a broker, an engine), not commands for a rollwire user."""
 BLOCKS = [block for path in DOCUMENTS for block in shell_blocks(path)]
 TOOLS = ("jq", "curl")
 """Tools the blocks use besides rollwire and Python (`.ci/run` installs them where missing)."""
@@ -45,9 +45,9 @@ def test_demo_learns(demo_run, capsys):
 def test_every_shell_block_runs_or_says_why_not(capsys):
     not_run = [b for b in BLOCKS if b.not_run is not None]
     assert all(b.not_run.strip() for b in not_run), [b.name for b in not_run if not b.not_run.strip()]
-    assert len(BLOCKS) - len(not_run) >= 5, "the README's replay, inspect, feedback and promote blocks must run"
+    assert len(BLOCKS) - len(not_run) >= 5, "the docs' replay, inspect, feedback and promote blocks must run"
     with capsys.disabled():
-        print("\nREADME blocks not run here: " + "; ".join(f"{b.name} ({b.not_run})" for b in not_run))
+        print("\ndocumentation blocks not run here: " + "; ".join(f"{b.name} ({b.not_run})" for b in not_run))
 
 
 @pytest.mark.parametrize("block", [b for b in BLOCKS if b.not_run is None], ids=lambda b: b.name)

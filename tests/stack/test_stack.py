@@ -143,7 +143,7 @@ def test_the_stack_trains_recovers_a_killed_role_and_traces_a_rollout_end_to_end
         e["event"]["state"] == "serving" and e["event"]["serving_version"] == STEPS for e in stack.events("fleet")),
         stack, 120)
 
-    # the README's view from the host: one step's story from the stack's events
+    # the stack guide's view from the host: one step's story from the stack's events
     story = subprocess.run([sys.executable, "-m", "rollwire", "inspect", "step", "2", "--bus", "kafka", "--bootstrap",
                             f"127.0.0.1:{stack.ports['KAFKA']}", "--prefix", "demo"], capture_output=True, text=True,
                            timeout=120)

@@ -1,17 +1,13 @@
-"""The topic catalog is complete, consistent, and the README's table is generated from it."""
+"""The topic catalog is complete and consistent (the documentation's topic page is generated from it:
+`tests/docs/test_site.py`)."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 from builders import rollout, weights
 
 from rollwire.core.errors import ConfigError
 from rollwire.schemas import CATALOG, EVENT_TYPES, Topics
-from rollwire.schemas.topics import markdown_table
-
-README = Path(__file__).resolve().parent.parent.parent / "README.md"
 
 
 def test_every_event_type_travels_on_exactly_one_topic():
@@ -35,7 +31,3 @@ def test_invalid_prefixes_say_what_is_allowed():
     with pytest.raises(ConfigError, match="letters, digits"):
         Topics("bad prefix!")
 
-
-def test_readme_topic_table_matches_the_catalog():
-    assert markdown_table() in README.read_text(), \
-        "README.md's topic table is stale: paste the output of `rollwire topics --markdown`"
