@@ -44,6 +44,8 @@ $(STAMP): pyproject.toml
 	$(UV) pip install -q --python $(VENV)/bin/python $(UV_FLAGS) -e ".[$(EXTRAS)]"
 	$(UV) pip install -q --python $(VENV)/bin/python $(UV_FLAGS) -e ".[$(MODEL_EXTRAS)]"
 	$(VENV)/bin/python -c "import faust, vllm, torch, confluent_kafka"
+	# The run explorer's charting library, from npm, pinned and checked (rollwire explore)
+	$(VENV)/bin/python deploy/explore/vendor.py
 	# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break beside the CPU torch, and a
 	# text model needs none of them (notes/vllm.md).
 	$(UV) pip uninstall -q --python $(VENV)/bin/python torchvision torchaudio torchcodec 2>/dev/null || true

@@ -12,6 +12,7 @@ what the subcommand needs (so `rollwire --help` never loads Kafka, torch or vLLM
     replay.py     replay score, replay train (re-score or retrain a recorded run into shadow topics)
     feedback.py   serve (the serving gateway), feedback serve/import, join (production feedback to samples)
     inspect.py    inspect rollout, inspect step (one rollout's or step's story from the events)
+    explore.py    explore (a web page over a run's log)
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import argparse
 import logging
 import sys
 
-from rollwire.cli import environments, evaluate, feedback, inspect, logs, models, producers, releases, replay, run, services
+from rollwire.cli import environments, evaluate, explore, feedback, inspect, logs, models, producers, releases, replay, run, services
 
 DESCRIPTION = """\
 rollwire: asynchronous RL post-training for LLMs, as an event-sourced streaming system.
@@ -42,6 +43,7 @@ examples:
   rollwire inference --model runs/demo/base --port 8000   a vLLM replica following the weights topic
   rollwire replay score --run-dir runs/demo --into demo-rloo --algorithm rloo   what RLOO would have trained
   rollwire inspect rollout ID --run-dir runs/demo   one rollout's story (ids: rollwire tail scored --json)
+  rollwire explore --run-dir runs/demo          a web page over the run: curves, rollouts, steps, fleet
   rollwire serve --upstream http://127.0.0.1:8000   an OpenAI-compatible gateway whose responses carry receipts
   rollwire feedback serve --log-dir runs/demo/log --prefix demo   the feedback ingestion API on :8340
   rollwire join --log-dir runs/demo/log --prefix demo   feedback joined with served responses into samples
@@ -63,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in (run.add_run, logs.add_topics, logs.add_tail, producers.add_dispatch, producers.add_env_worker,
                 services.add_score, services.add_inference, services.add_train, evaluate.add_evaluate, environments.add_env,
-                replay.add_replay, inspect.add_inspect, feedback.add_serve, feedback.add_feedback, feedback.add_join,
+                replay.add_replay, inspect.add_inspect, explore.add_explore, feedback.add_serve, feedback.add_feedback, feedback.add_join,
                 releases.add_promote, releases.add_rollback, models.add_model):
         add(sub)
     return parser

@@ -10,6 +10,7 @@ demo's curve is the README's, measured with `make run`."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,12 +34,34 @@ class DemoRun:
         return self.workspace / "runs" / "demo"
 
 
+@dataclass(frozen=True)
+class DemoStarted:
+    """The demo run while it goes: for the tests that watch it live (they run before `demo_run`'s)."""
+
+    workspace: Path
+    process: subprocess.Popen
+
+    @property
+    def run_dir(self) -> Path:
+        return self.workspace / "runs" / "demo"
+
+
 @pytest.fixture(scope="session")
-def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoRun]:
-    """`rollwire run --steps 60` with the bundled demo recipe (what `make run` runs), writing to the workspace."""
+def demo_started(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoStarted]:
+    """`rollwire run --steps 60` with the bundled demo recipe (what `make run` runs) started, writing to the workspace."""
     workspace = tmp_path_factory.mktemp("readme")
     (workspace / "examples").symlink_to(REPO / "examples")
     (workspace / ".venv").symlink_to(Path(sys.executable).parent.parent)  # `source .venv/bin/activate` (getting started)
-    done = start_run("--run-dir", str(workspace / "runs" / "demo"), "--steps", str(DEMO_STEPS))
-    output = finish(done, 1500)
-    yield DemoRun(workspace=workspace, returncode=done.returncode, output=output)
+    process = start_run("--run-dir", str(workspace / "runs" / "demo"), "--steps", str(DEMO_STEPS))
+    try:
+        yield DemoStarted(workspace, process)
+    finally:
+        if process.poll() is None:  # no test waited for its end (`demo_run`): stopped as Ctrl-C would
+            finish(process, 60)
+
+
+@pytest.fixture(scope="session")
+def demo_run(demo_started: DemoStarted) -> Iterator[DemoRun]:
+    """The demo run, ended."""
+    output = finish(demo_started.process, 1500)
+    yield DemoRun(workspace=demo_started.workspace, returncode=demo_started.process.returncode, output=output)

@@ -11,10 +11,12 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from doc_blocks import shell_blocks, site_pages
+from explorer import browser, explorer, open_rollout, open_view, points, screenshot, wait_for
 from user_runs import DEMO_STEPS, metrics_rows
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -26,6 +28,22 @@ measured notes on the machines (installing a broker, an engine), not commands fo
 BLOCKS = [block for path in DOCUMENTS for block in shell_blocks(path)]
 TOOLS = ("jq", "curl")
 """Tools the blocks use besides rollwire and Python (`.ci/run` installs them where missing)."""
+
+
+def test_the_explorer_page_follows_the_demo_while_it_trains(demo_started):
+    """Runs first: the demo is still going. The reward curve of `rollwire explore`'s page grows."""
+    train = demo_started.run_dir / "log" / "topics" / "demo.train.sqlite"
+    deadline = time.monotonic() + 600
+    while not train.exists():  # the run's log holds its topics once the warm start is done
+        assert demo_started.process.poll() is None and time.monotonic() < deadline, "the demo made no log"
+        time.sleep(1)
+    with explorer("--run-dir", str(demo_started.run_dir)) as url, browser() as driver:
+        driver.get(url)
+        wait_for(driver, lambda d: points(d, "chart-reward") >= 1, 600, "the demo's first step on the reward curve")
+        first = points(driver, "chart-reward")
+        assert first < DEMO_STEPS, "the demo ended before the page could watch it"
+        wait_for(driver, lambda d: points(d, "chart-reward") >= first + 3, 300, "three more steps on the reward curve")
+        assert "live" in driver.find_element("id", "summary").text
 
 
 def test_demo_learns(demo_run, capsys):
@@ -67,6 +85,47 @@ def test_the_block_runs_on_the_demo_run(block, demo_run):
     assert "Traceback" not in output, output[-6000:]
     if "rollwire replay train" in block.script():
         assert "replayed loss" in output, output[-6000:]  # the report's table, printed
+
+
+def test_the_explorer_page_tells_the_finished_demos_story(demo_run):
+    """After the run: every step on the curves, a rollout's tokens with the versions that sampled
+    them, the steps with the replicas that served them, the fleet; screenshots for the docs."""
+    with explorer("--run-dir", str(demo_run.run_dir)) as url, browser() as driver:
+        driver.get(url)
+        wait_for(driver, lambda d: points(d, "chart-reward") == DEMO_STEPS, 120, f"all {DEMO_STEPS} steps on the curve")
+        assert points(driver, "chart-staleness") == DEMO_STEPS
+        screenshot(driver, "curves")
+        rollout_id = open_rollout(driver, fate="trained")
+        tokens = driver.find_elements("css selector", "#tokens span.tok")
+        versions = {t.get_attribute("data-version") for t in tokens if t.get_attribute("data-mask") == "1"}
+        assert tokens and versions and "" not in versions, (rollout_id, versions)
+        assert all(0 <= int(v) <= DEMO_STEPS for v in versions)
+        assert "trained in step" in driver.find_element("id", "rollout-fate").text
+        assert driver.find_elements("css selector", "#group-table tbody tr")  # its group beside it
+        screenshot(driver, "rollout")
+        open_view(driver, "steps")
+        row = wait_for(driver, lambda d: d.find_element("css selector", "#step-table tbody tr"), 30, "the steps")
+        assert row.get_attribute("data-step") == str(DEMO_STEPS)  # newest first
+        row.click()
+        wait_for(driver, lambda d: f"Step {DEMO_STEPS}" in d.find_element("id", "step-detail").text, 30, "the step's story")
+        screenshot(driver, "steps")
+        open_view(driver, "fleet")
+        wait_for(driver, lambda d: d.find_elements("css selector", "#replica-table tbody tr"), 30, "the fleet")
+        screenshot(driver, "fleet")
+
+
+def test_the_explorer_page_compares_the_demos_replays(demo_run):
+    """After the documentation's blocks ran on the demo (they replay it as RLOO and with a fixed reward)."""
+    replays = sorted(p.name for p in (demo_run.run_dir / "replays").glob("*") if (p / "report.md").is_file())
+    assert replays, "the docs' `rollwire replay score` blocks left no report in runs/demo/replays"
+    with explorer("--run-dir", str(demo_run.run_dir)) as url, browser() as driver:
+        driver.get(url + "#replays")
+        item = wait_for(driver, lambda d: d.find_element("css selector", f"#replay-list li[data-name='{replays[0]}']"), 60,
+                        f"replay {replays[0]} listed")
+        item.click()
+        changed = wait_for(driver, lambda d: d.find_element("id", "replay-changed"), 300, "the replay's comparison")
+        assert int(changed.text) >= 0
+        screenshot(driver, "replays")
 
 
 def _on_path(tool: str) -> bool:
