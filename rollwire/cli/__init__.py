@@ -21,7 +21,20 @@ import argparse
 import logging
 import sys
 
-from rollwire.cli import environments, evaluate, explore, feedback, inspect, logs, models, producers, releases, replay, run, services
+from rollwire.cli import (
+    environments,
+    evaluate,
+    explore,
+    feedback,
+    inspect,
+    logs,
+    models,
+    producers,
+    releases,
+    replay,
+    run,
+    services,
+)
 
 DESCRIPTION = """\
 rollwire: asynchronous RL post-training for LLMs, as an event-sourced streaming system.
@@ -65,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in (run.add_run, logs.add_topics, logs.add_tail, producers.add_dispatch, producers.add_env_worker,
                 services.add_score, services.add_inference, services.add_train, evaluate.add_evaluate, environments.add_env,
-                replay.add_replay, inspect.add_inspect, explore.add_explore, feedback.add_serve, feedback.add_feedback, feedback.add_join,
+                replay.add_replay, inspect.add_inspect, explore.add_explore, feedback.add_serve, feedback.add_feedback,
+                feedback.add_join,
                 releases.add_promote, releases.add_rollback, models.add_model):
         add(sub)
     return parser

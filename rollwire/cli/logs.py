@@ -14,7 +14,7 @@ def add_topics(sub) -> None:
     topics = sub.add_parser("topics", help="show the topic catalog, or create its topics on a log",
                             description="Shows every topic of the loop: the events it carries, its "
                                         "key, partitions, cleanup, producer and consumer.")
-    topics.add_argument("--markdown", action="store_true", help="print the catalog as a markdown table (the documentation's topic page)")
+    topics.add_argument("--markdown", action="store_true", help="print the catalog as a markdown table (as the docs' topic page)")
     topics.add_argument("--create", action="store_true",
                         help="create the catalog's topics on the chosen log (existing ones are kept)")
     add_bus_options(topics)
