@@ -34,10 +34,10 @@ from rollwire.streams.advantages import GroupSample, UnknownAlgorithmError
 from rollwire.streams.group_rewards import GroupRewardSpec, resolve
 from rollwire.streams.teacher import TeacherClient, TeacherSettings
 
-CLOSED_GROUP_BYTES = 450
+CLOSED_GROUP_BYTES = 500
 """At most what one closed group of 8 rollouts costs the scorer's memory: its `ClosedGroup` (~190 B),
 its group id (~80 B for a uuid) and its places in the maps that hold it (~100 B);
-`tests/unit/test_bounds.py` measures it (~390 B). A closed group kept whole cost ~1.2 KB."""
+`tests/unit/test_bounds.py` measures it (~420 B; the whole closed state it replaces cost ~1.9 KB)."""
 
 TeacherLogprobs = Callable[[Sequence[int], Sequence[int]], list[float]]
 """`(prompt_token_ids, completion_token_ids) -> teacher logprob of each completion token`."""
@@ -68,7 +68,7 @@ class ScorerSettings(BaseModel):
     """How long a closed group's rollout ids are remembered to recognise redeliveries."""
     max_closed_groups: int = Field(default=100_000, ge=1)
     """Most closed groups one scorer process remembers (as `ClosedGroup`: at most
-    `CLOSED_GROUP_BYTES`, 450 B, each: ~45 MB at the default). Past it the oldest is forgotten before
+    `CLOSED_GROUP_BYTES`, 500 B, each: ~50 MB at the default). Past it the oldest is forgotten before
     `retain_closed_s` (counted): a redelivery of its rollouts would then be scored again."""
     group_rewards: dict[str, list[GroupRewardSpec]] = Field(default_factory=dict)
     """Group rewards per environment name; the key `*` applies to every environment."""
