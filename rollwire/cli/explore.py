@@ -26,12 +26,12 @@ def add_explore(sub) -> None:
     explore = sub.add_parser(
         "explore", help="a web page over a run's log: curves, rollouts and their tokens, steps, replays, fleet",
         description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="examples:\n  rollwire explore --run-dir runs/demo            then open http://127.0.0.1:8350\n"
+        epilog="examples:\n  rollwire explore --run-dir runs/demo            then open http://127.0.0.1:8352\n"
                "  rollwire explore --bus kafka --bootstrap 127.0.0.1:9092 --prefix run7 --tokenizer runs/run7/base\n"
                "  ROLLWIRE_EXPLORE_TOKENS=me=$(openssl rand -hex 16) rollwire explore --run-dir runs/demo --host 0.0.0.0")
     explore.add_argument("--host", default="127.0.0.1",
                          help="where to listen (default: %(default)s; beyond loopback it needs bearer tokens)")
-    explore.add_argument("--port", type=int, default=8350, help="port (default: %(default)s; 0 picks a free one)")
+    explore.add_argument("--port", type=int, default=8352, help="port (default: %(default)s; 0 picks a free one)")
     explore.add_argument("--tokens", type=Path,
                          help="bearer tokens, `NAME TOKEN` a line (also $ROLLWIRE_EXPLORE_TOKENS=NAME=TOKEN,...); "
                               "open the page as http://HOST:PORT/?token=TOKEN")
