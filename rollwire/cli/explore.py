@@ -44,7 +44,7 @@ def add_explore(sub) -> None:
                          help="a replay's shadow prefix to compare (repeatable; with --run-dir, the replays "
                               "reported into <run-dir>/replays/ are found)")
     explore.add_argument("--max-rollouts", type=int, default=200_000,
-                         help="rollouts the page keeps listed, the newest (default: %(default)s, ~300 B each)")
+                         help="rollouts the page keeps listed, the newest (default: %(default)s, ~500 B each)")
     add_run_options(explore)
     explore.set_defaults(run=cmd_explore)
 

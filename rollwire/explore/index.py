@@ -15,6 +15,7 @@ forgotten and counted (`rollwire.core.bounds`), so the explorer can follow a run
 from __future__ import annotations
 
 import collections
+import sys
 import threading
 import time
 from collections.abc import Iterable
@@ -53,7 +54,7 @@ class CountedDeadLetters(DeadLetters):
 
 @dataclass(slots=True)
 class RolloutRow:
-    """What the index keeps of one rollout (~300 B)."""
+    """What the index keeps of one rollout (~500 B with its id, measured: `tests/unit/test_explore.py`)."""
 
     rollout_id: str
     group_id: str
@@ -65,14 +66,14 @@ class RolloutRow:
     tokens: int
     """Completion tokens."""
     time_ms: int
-    at: tuple[int, int]
-    """(partition, offset) of its record on `rollouts`."""
+    at: int
+    """Where its record is on `rollouts` (`position`: partition and offset in one int)."""
     error: str | None = None
     advantage: float | None = None
     final_reward: float | None = None
     """With group rewards, as scored."""
-    scored_at: tuple[int, int] | None = None
-    trace_at: tuple[int, int] | None = None
+    scored_at: int | None = None
+    trace_at: int | None = None
     fate: str = "in flight"
     """`in flight`, `trained` or `dropped`."""
     step: int | None = None
@@ -146,6 +147,8 @@ class RunIndex:
         self.steps = Points(max_points)
         self.step_rows: dict[int, dict[str, Any]] = {}
         """Each step's row by step number (the latest `max_points` steps)."""
+        self.env_rewards: dict[int, dict[str, tuple[float, int]]] = {}
+        """Per step, per environment: the reward summed over its trained rollouts, and their count."""
         self.drops: collections.Counter[str] = collections.Counter()
         self.drop_points = Points(max_points)
         self.replicas: dict[str, dict[str, Any]] = {}
@@ -191,9 +194,9 @@ class RunIndex:
             self._add_rollout(event, record)
         elif isinstance(event, ScoredRollout):
             self._note(event.rollout.rollout_id, advantage=_advantage(event), final_reward=event.reward,
-                       scored_at=(record.partition, record.offset))
+                       scored_at=position(record))
         elif isinstance(event, TraceRecorded):
-            self._note(event.rollout_id, trace_at=(record.partition, record.offset))
+            self._note(event.rollout_id, trace_at=position(record))
         elif isinstance(event, RolloutsDropped):
             self._drop(event, record)
         elif isinstance(event, TrainStepCompleted):
@@ -212,16 +215,19 @@ class RunIndex:
 
     def _add_rollout(self, event: RolloutCompleted, record: Record) -> None:
         versions = [span.version for span in event.weight_versions]
-        row = RolloutRow(
-            rollout_id=event.rollout_id, group_id=event.group_id, environment=event.environment,
+        row = RolloutRow(  # a group's and an environment's name held once, however many rollouts name them
+            rollout_id=event.rollout_id, group_id=sys.intern(event.group_id), environment=sys.intern(event.environment),
             sample_index=event.sample_index, reward=event.reward, version_min=min(versions, default=None),
             version_max=max(versions, default=None), tokens=len(event.completion_token_ids),
-            time_ms=record.timestamp_ms, at=(record.partition, record.offset),
+            time_ms=record.timestamp_ms, at=position(record),
             error=event.error.kind if event.error is not None else None)
         if event.rollout_id in self.rollouts:  # a redelivery: the first record stands
             return
-        for name, value in self._early.pop(event.rollout_id, {}).items():
+        early = self._early.pop(event.rollout_id, {})
+        for name, value in early.items():
             setattr(row, name, value)
+        if early.get("fate") == "trained":
+            self._count_trained(row)
         self.rollouts[event.rollout_id] = row
         self.groups.setdefault(event.group_id, []).append(event.rollout_id)
         while len(self.rollouts) > self.max_rollouts:
@@ -241,15 +247,30 @@ class RunIndex:
         if row is not None:
             for name, value in facts.items():
                 setattr(row, name, value)
+            if facts.get("fate") == "trained":
+                self._count_trained(row)
             return
         self._early.setdefault(rollout_id, {}).update(facts)
         while len(self._early) > self.max_rollouts:
             self._early.popitem(last=False)
 
+    def _count_trained(self, row: RolloutRow) -> None:
+        """A rollout trained in step `row.step`: its environment's reward in that step."""
+        per_env = self.env_rewards.setdefault(row.step or 0, {})
+        total, count = per_env.get(row.environment, (0.0, 0))
+        per_env[row.environment] = (total + row.reward, count + 1)
+        while len(self.env_rewards) > self.steps.limit:
+            self.env_rewards.pop(min(self.env_rewards))
+
+    def environments_of(self, step: int) -> dict[str, dict[str, float]]:
+        """Each environment's mean reward and rollouts trained in `step` (those the index has read)."""
+        return {env: {"reward": total / count, "rollouts": count}
+                for env, (total, count) in sorted(self.env_rewards.get(step, {}).items())}
+
     def _drop(self, event: RolloutsDropped, record: Record) -> None:
         for rollout_id in event.rollout_ids:
-            self._note(rollout_id, fate="dropped", reason=event.reason, detail=event.detail)
-        self.drops[event.reason] += len(event.rollout_ids)
+            self._note(rollout_id, fate="dropped", reason=sys.intern(event.reason), detail=event.detail)
+        self.drops[sys.intern(event.reason)] += len(event.rollout_ids)
         self.drop_points.add({"time_ms": record.timestamp_ms, **self.drops})
 
     def _step(self, event: TrainStepCompleted) -> None:
@@ -260,7 +281,7 @@ class RunIndex:
         staleness = event.staleness
         row: dict[str, Any] = {
             "step": event.step, "version": event.policy_version, "time_ms": event.completed_at_ms,
-            "reward": event.reward_mean, "rewards": dict(event.rewards_mean), "loss": event.loss,
+            "reward": event.reward_mean, "reward_terms": dict(event.rewards_mean), "loss": event.loss,
             "grad_norm": event.grad_norm, "tokens_per_s": event.tokens_per_s, "wait_s": event.wait_s,
             "samples": dict(event.samples), "rollouts": len(event.rollout_ids), "drops": dict(event.drops),
             "samples_per_s": len(event.rollout_ids) / seconds if seconds else None,
@@ -308,21 +329,30 @@ class RunIndex:
         with self.lock:
             return self.rollouts.get(rollout_id)
 
-    def read_at(self, short: str, at: tuple[int, int]) -> Any:
-        """The event of one record: `short` topic, (partition, offset)."""
+    def read_at(self, short: str, at: int) -> Any:
+        """The event of one record: `short` topic, at `position`."""
+        at_pair = (at >> OFFSET_BITS, at & ((1 << OFFSET_BITS) - 1))
         topic = self.topics.name(short)
         offsets = {(topic, p): end for p, end in self.log.end_offsets(topic).items()}
-        offsets[(topic, at[0])] = at[1]
+        offsets[(topic, at_pair[0])] = at_pair[1]
         consumer = EventConsumer(self.log.reader([topic], AtOffsets(offsets)), self.unreadable)
         try:
             deadline = time.monotonic() + 10.0
             while time.monotonic() < deadline:
                 for delivery in consumer.poll_batch(1, 1.0):
-                    if (delivery.record.partition, delivery.record.offset) == at:
+                    if (delivery.record.partition, delivery.record.offset) == at_pair:
                         return delivery.event
             return None
         finally:
             consumer.close()
+
+
+OFFSET_BITS = 44
+
+
+def position(record: Record) -> int:
+    """A record's partition and offset as one int (a tuple of two costs ~110 B, this ~32)."""
+    return (record.partition << OFFSET_BITS) | record.offset
 
 
 def _advantage(event: ScoredRollout) -> float | None:

@@ -2,7 +2,8 @@
 
     GET /                        the page (static/index.html, app.js, style.css, vendor/uPlot)
     GET /api/summary             the run: name, steps, rollouts, environments, what could not be read
-    GET /api/curves?since=MS     reward, staleness, throughput, losses, lag, reloads, drops since MS
+    GET /api/curves?since=MS     reward (per environment, per term), staleness, throughput, losses, lag,
+                                 reloads, drops since MS
     GET /api/rollouts?...        a page of rollouts, filtered (environment, fate, reason, step, version,
                                  group, min_reward, max_reward, q; offset, limit <= 200), newest first
     GET /api/rollout/ID          one rollout's story: its tokens (mask, version, logprob), its turns and
@@ -88,7 +89,8 @@ class Explorer:
     def curves(self, since_ms: int) -> dict[str, Any]:
         index = self.index
         with index.lock:
-            return {"steps": [r for r in index.steps.rows if r["time_ms"] > since_ms],
+            return {"steps": [r | {"environments": index.environments_of(r["step"])}
+                              for r in index.steps.rows if r["time_ms"] > since_ms],
                     "drops": [r for r in index.drop_points.rows if r["time_ms"] > since_ms],
                     "reloads": [r for r in index.reloads.rows if r["time_ms"] > since_ms],
                     "lag": [r for r in index.lag.rows if r["time_ms"] > since_ms]}
@@ -134,10 +136,11 @@ class Explorer:
         with self.index.lock:
             row = self.index.step_rows.get(number)
             served = dict(self.index.served_at.get(row["version"], {})) if row else {}
+            environments = self.index.environments_of(number)
         if row is None:
             raise Refused(404, f"no step {number} in this run (or an older one than the explorer keeps)")
         total, trained = self.index.page(Query(step=number, limit=PAGE_LIMIT))
-        return {**row, "served": served, "trained": trained, "trained_total": total}
+        return {**row, "served": served, "environments": environments, "trained": trained, "trained_total": total}
 
     def fleet(self) -> dict[str, Any]:
         with self.index.lock:

@@ -75,6 +75,8 @@ def test_curves_steps_and_fleet(run):
     explorer = Explorer(_followed(log, topics), name="ex")
     curves = explorer.curves(0)
     assert [s["step"] for s in curves["steps"]] == [4] and curves["steps"][0]["staleness_max"] == 1
+    # per environment, from the rollouts the step trained (r0 and r1: rewards 0 and 1)
+    assert curves["steps"][0]["environments"] == {"reverse-digits": {"reward": 0.5, "rollouts": 2}}
     assert curves["drops"][-1]["stale"] == 1
     assert curves["reloads"][0]["replica"] == "127.0.0.1:8000" and curves["reloads"][0]["pause_s"] == 0.05
     assert explorer.curves(curves["steps"][0]["time_ms"])["steps"] == []  # only what is new

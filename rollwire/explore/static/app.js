@@ -84,8 +84,11 @@ function bySteps(rows, pick) {
 function drawCurves() {
   const c = state.curves;
   const steps = c.steps;
-  const envs = [...new Set(steps.flatMap((r) => Object.keys(r.rewards || {})))].sort();
-  chart("chart-reward", ["mean", ...envs], bySteps(steps, [(r) => r.reward, ...envs.map((e) => (r) => r.rewards?.[e] ?? null)]));
+  const envs = [...new Set(steps.flatMap((r) => Object.keys(r.environments || {})))].sort();
+  chart("chart-reward", ["mean", ...envs], bySteps(steps, [(r) => r.reward, ...envs.map((e) => (r) => r.environments?.[e]?.reward ?? null)]));
+  const terms = [...new Set(steps.flatMap((r) => Object.keys(r.reward_terms || {})))].sort();
+  chart("chart-reward-terms", terms.length ? terms : ["(none)"],
+        bySteps(steps, terms.length ? terms.map((t) => (r) => r.reward_terms?.[t] ?? null) : [() => null]));
   chart("chart-staleness", ["mean", "max"], bySteps(steps, [(r) => r.staleness_mean, (r) => r.staleness_max]));
   chart("chart-throughput", ["samples/s", "tokens/s ÷ 100"], bySteps(steps, [(r) => r.samples_per_s, (r) => (r.tokens_per_s ?? 0) / 100]));
   chart("chart-loss", ["loss", "grad norm"], bySteps(steps, [(r) => r.loss, (r) => r.grad_norm]));
@@ -105,8 +108,13 @@ function drawCurves() {
 }
 
 async function loadCurves() {
+  // Every 15th poll takes the whole curves again: rollouts read after their step (a run read from
+  // its beginning) fill in the per-environment rewards of steps already drawn.
+  state.polls = (state.polls || 0) + 1;
+  if (state.polls % 15 === 0) state.since = 0;
   const fresh = await api(`api/curves?since=${state.since}`);
   const c = state.curves;
+  if (state.since === 0) for (const key of ["steps", "drops", "reloads", "lag"]) c[key] = [];
   for (const key of ["steps", "drops", "reloads", "lag"]) c[key].push(...fresh[key]);
   const latest = [c.steps, c.drops, c.reloads, c.lag].map((rows) => (rows.length ? rows[rows.length - 1].time_ms : 0));
   state.since = Math.max(state.since, ...latest);
@@ -199,14 +207,17 @@ async function loadSteps() {
 
 async function openStep(number) {
   const s = await api(`api/step/${number}`);
-  const perEnv = Object.entries(s.rewards).map(([e, v]) => `<tr><td>${esc(e)}</td><td class="num">${num(v)}</td><td class="num">${s.samples[e] ?? "–"}</td></tr>`).join("");
+  const perEnv = Object.entries(s.environments).map(([e, v]) => `<tr><td>${esc(e)}</td><td class="num">${num(v.reward)}</td><td class="num">${v.rollouts}</td></tr>`).join("");
+  const terms = Object.entries(s.reward_terms).map(([k, v]) => `${esc(k)} ${num(v)}`).join(", ") || "–";
   $("#step-detail").innerHTML = `<h2>Step ${s.step} → version ${s.version}</h2>
     <dl><dt>completed</dt><dd>${when(s.time_ms)} (waited ${num(s.wait_s, 1)} s for its batch)</dd><dt>loss</dt><dd>${num(s.loss, 4)} · grad norm ${num(s.grad_norm)}</dd>
       <dt>staleness</dt><dd>mean ${num(s.staleness_mean, 2)}, max ${s.staleness_max ?? "–"}</dd>
+      <dt>reward terms</dt><dd>${terms}</dd>
+      <dt>samples</dt><dd>${Object.entries(s.samples).map(([k, v]) => `${esc(k)} ${v}`).join(", ") || "–"}</dd>
       <dt>drops</dt><dd>${Object.entries(s.drops).map(([k, v]) => `${esc(k)} ${v}`).join(", ") || "none"}</dd>
       <dt>loss metrics</dt><dd>${Object.entries(s.loss_metrics).map(([k, v]) => `${esc(k)} ${num(v)}`).join(", ") || "–"}</dd>
       <dt>its weights served</dt><dd>${Object.entries(s.served).map(([id, ms]) => `${esc(id)} at ${when(ms)} (+${((ms - s.time_ms) / 1000).toFixed(1)} s)`).join("; ") || "not yet"}</dd></dl>
-    <table class="rows"><thead><tr><th>environment</th><th>reward</th><th>samples</th></tr></thead><tbody>${perEnv}</tbody></table>
+    <table class="rows"><thead><tr><th>environment</th><th>reward</th><th>rollouts</th></tr></thead><tbody>${perEnv}</tbody></table>
     <h2>Trained (${s.trained_total})</h2>
     <table class="rows" id="step-rollouts"><tbody>${s.trained.map((r) => `<tr data-id="${esc(r.rollout_id)}"><td>${esc(r.rollout_id)}</td><td>${esc(r.environment)}</td>
       <td class="num">${num(r.reward)}</td><td class="num">${num(r.advantage)}</td></tr>`).join("")}</tbody></table>`;
