@@ -103,17 +103,18 @@ def screenshot(driver, view: str) -> None:
 
 
 def open_rollout(driver, *, fate: str = "", timeout_s: float = 60) -> str:
-    """Filters the Rollouts view by `fate`, opens the first rollout listed; returns its id."""
+    """Filters the Rollouts view by `fate`, opens the first rollout listed; returns its id. The row
+    is found and clicked inside the page in one step: the view redraws its table as the run goes."""
     from selenium.webdriver.support.ui import Select
 
     open_view(driver, "rollouts")
-    if fate:
-        Select(driver.find_element("css selector", "#rollout-filters select[name=fate]")).select_by_visible_text(fate)
+    Select(driver.find_element("css selector", "#rollout-filters select[name=fate]")).select_by_visible_text(fate or "any")
     driver.find_element("css selector", "#rollout-filters button[type=submit]").click()
-    row = wait_for(driver, lambda d: d.find_element("css selector", "#rollout-table tbody tr.rollout"), timeout_s,
-                   what=f"a rollout listed (fate {fate or 'any'})")
-    rollout_id = row.get_attribute("data-id")
-    row.click()
-    wait_for(driver, lambda d: d.find_elements("css selector", "#tokens span.tok") or d.find_elements("id", "rollout-fate"),
-             timeout_s, what=f"rollout {rollout_id}'s story")
-    return rollout_id
+    pick = """const row = [...document.querySelectorAll('#rollout-table tbody tr.rollout')]
+                .find((r) => r.cells[5].textContent.startsWith(arguments[0]));
+              if (!row) return null; row.click(); return row.dataset.id;"""
+    rollout_id = wait_for(driver, lambda d: d.execute_script(pick, fate), timeout_s,
+                          what=f"a rollout listed (fate {fate or 'any'})")
+    wait_for(driver, lambda d: d.find_element("css selector", "#rollout-detail h2").text == rollout_id, timeout_s,
+             what=f"rollout {rollout_id}'s story")
+    return str(rollout_id)
