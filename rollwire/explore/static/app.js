@@ -273,6 +273,7 @@ document.addEventListener("DOMContentLoaded", () => {
   tick();
   setInterval(tick, 2000);
   setInterval(() => { if (state.view !== "curves") refreshView(); }, 5000);
-  const hash = location.hash.replace("#", "");
-  if (hash) show(hash);
+  const fromHash = () => { const view = location.hash.replace("#", ""); if (document.getElementById(`view-${view}`)) show(view); };
+  window.addEventListener("hashchange", fromHash);
+  fromHash();
 });
