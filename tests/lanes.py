@@ -28,7 +28,7 @@ def lane_of(item: pytest.Item) -> str:
     """The tier an item runs in (`LANES`); a test file outside a tier is `unit`."""
     if item.get_closest_marker("stack") or item.get_closest_marker("container"):
         return "docker"
-    if "demo_run" in getattr(item, "fixturenames", ()):
+    if {"demo_run", "demo_started"} & set(getattr(item, "fixturenames", ())):
         return "demo-run"
     path = item.nodeid.split("::")[0]
     tier = path.split("/")[1] if path.count("/") > 1 else "unit"

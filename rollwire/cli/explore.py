@@ -53,9 +53,8 @@ def cmd_explore(args: argparse.Namespace) -> int:
     from rollwire.cli.inspect import _tokenizer
     from rollwire.core.bus import open_log
     from rollwire.core.errors import ConfigError
-    from rollwire.core.http_service import check_exposure, load_tokens, run_app
-    from rollwire.explore.index import RunIndex
-    from rollwire.explore.server import Explorer, build_app, run_replays
+    from rollwire.core.http_service import check_exposure, load_tokens
+    from rollwire.explore.entry import serve_explorer
     from rollwire.schemas.topics import Topics
 
     if args.max_rollouts < 1:
@@ -66,13 +65,8 @@ def cmd_explore(args: argparse.Namespace) -> int:
     tokenizer: Any = _tokenizer(args.tokenizer, run)
     decode = (lambda ids: [tokenizer.decode([i]) for i in ids]) if tokenizer is not None else None
     with open_log(log_settings) as log:
-        explorer = Explorer(RunIndex(log, Topics(prefix), max_rollouts=args.max_rollouts), name=run.name if run else prefix,
-                            decode=decode, trace_url=args.trace_url,
-                            replays=run_replays(log, args.run_dir, args.replay), tokens=tokens)
-        explorer.start_following()
-        try:
-            run_app(build_app(explorer), args.host, args.port,
-                    describe=lambda port: f"the run explorer of {prefix}: http://{args.host}:{port}/")
-        finally:
-            explorer.stop()
+        serve_explorer(log, Topics(prefix), name=run.name if run else prefix, host=args.host, port=args.port,
+                       decode=decode, trace_url=args.trace_url, run_dir=args.run_dir, replays=args.replay,
+                       tokens=tokens, max_rollouts=args.max_rollouts,
+                       planned_steps=run.steps if run else None)
     return 0

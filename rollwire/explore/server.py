@@ -53,6 +53,8 @@ class Explorer:
     replays: Callable[[], dict[str, Topics]] = dict
     """The run's replays by name: their shadow topics."""
     tokens: dict[str, str] = field(default_factory=dict)
+    planned_steps: int | None = None
+    """The steps the run's recipe asks for: the page says the run finished once the last is on the log."""
     _stop: threading.Event = field(default_factory=threading.Event)
     _replay_cache: dict[str, tuple[Any, dict]] = field(default_factory=dict)
 
@@ -80,7 +82,9 @@ class Explorer:
             last = index.steps.rows[-1] if index.steps.rows else None
             return {"run": self.name, "prefix": index.topics.prefix, "records": index.records,
                     "rollouts": len(index.rollouts), "forgotten": index.forgotten, "steps": len(index.steps.rows),
-                    "last_step": last["step"] if last else None, "version": last["version"] if last else None,
+                    "last_step": last["step"] if last else None, "planned_steps": self.planned_steps,
+                    "finished": bool(last and self.planned_steps and last["step"] >= self.planned_steps),
+                    "version": last["version"] if last else None,
                     "updated_ms": index.updated_ms, "unreadable": index.unreadable.count,
                     "unreadable_last": list(index.unreadable.last), "drops": dict(index.drops),
                     "environments": sorted({r.environment for r in index.rollouts.values()}),

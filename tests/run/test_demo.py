@@ -46,7 +46,7 @@ def test_the_explorer_page_follows_the_demo_while_it_trains(demo_started):
         first = points(driver, "chart-reward")
         assert first < DEMO_STEPS, "the demo ended before the page could watch it"
         wait_for(driver, lambda d: points(d, "chart-reward") >= first + 3, 300, "three more steps on the reward curve")
-        assert "live" in driver.find_element("id", "summary").text
+        assert driver.find_element("id", "run-state").text == "● live"
 
 
 def test_demo_learns(demo_run, capsys):

@@ -82,6 +82,9 @@ def test_curves_steps_and_fleet(run):
     assert explorer.curves(curves["steps"][0]["time_ms"])["steps"] == []  # only what is new
     step = explorer.step(4)
     assert step["trained_total"] == 2 and step["served"] == {"127.0.0.1:8000": pytest.approx(step["served"]["127.0.0.1:8000"])}
+    assert explorer.summary()["finished"] is False  # no recipe: finished is never claimed
+    assert Explorer(explorer.index, name="ex", planned_steps=5).summary()["finished"] is False
+    assert Explorer(explorer.index, name="ex", planned_steps=4).summary()["finished"] is True
     fleet = explorer.fleet()
     assert fleet["replicas"][0]["serving"] == 4 and fleet["decisions"][0]["canary"] == 4
     assert fleet["versions"][0]["version"] == 4

@@ -44,10 +44,12 @@ function showError(error) {
 async function loadSummary() {
   const s = await api("api/summary");
   $("#run-name").textContent = s.run;
-  const live = s.updated_ms && Date.now() - s.updated_ms < 15000;
+  // finished: the recipe's last step is on the log; live: the run wrote in the last 15 s
+  const live = !s.finished && s.updated_ms && Date.now() - s.updated_ms < 15000;
+  const state = s.finished ? "✓ finished" : live ? "● live" : "○ not moving";
   const drops = Object.entries(s.drops).map(([k, v]) => `${k} ${v}`).join(", ") || "none";
-  $("#summary").innerHTML = `<span class="${live ? "live" : "stopped"}">${live ? "● live" : "○ not moving"}</span>
-    · step <b id="last-step">${s.last_step ?? "–"}</b> · version ${s.version ?? "–"} · ${s.rollouts} rollouts
+  $("#summary").innerHTML = `<span id="run-state" class="${live ? "live" : "stopped"}">${state}</span>
+    · step <b id="last-step">${s.last_step ?? "–"}</b>${s.planned_steps ? ` of ${s.planned_steps}` : ""} · version ${s.version ?? "–"} · ${s.rollouts} rollouts
     · drops: ${esc(drops)} · ${s.replicas} replica(s)` + (s.unreadable ? ` · <span class="error">${s.unreadable} records unreadable</span>` : "")
     + (s.forgotten ? ` · ${s.forgotten} older rollouts not listed` : "");
   const select = $("#rollout-filters select[name=environment]");
