@@ -31,6 +31,13 @@ environment latency nothing waits and it is that rule too. Waiting rollouts that
 can push the sampling ones past the budget by up to the allowance; the trainer drops what is then
 too stale (`drops`, reason `stale`).
 
+The allowance lets a queue stand. Once it fills (the env workers starved of CPU for a while),
+the rule alone never drains it: each waiting rollout that starts is replaced by a new one, those
+that start together push the sampling ones past the budget, a share of them goes stale, and
+generating that share takes the CPU that would drain the queue. So the allowance is not fixed
+(`WaitingAllowance`): while the share of rollouts dropped as stale is above
+`stale_drop_target`, it halves each step; once the share is below half the target, it grows back.
+
 A rollout also starts behind when the fleet has not loaded the trainer's newest weights yet.
 Once replicas report on the fleet topic, no group is issued while the oldest version a running
 replica serves is more than `max_off_policy` behind the trainer's version (so the synchronous loop
@@ -42,6 +49,7 @@ dropped as stale.
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Iterator, Sequence
 from typing import Annotated
@@ -62,6 +70,8 @@ from rollwire.schemas.training import RolloutsDropped, TrainStepCompleted
 from rollwire.schemas.weights import ReplicaStatus, WeightsPublished
 from rollwire.streams.advantages import ALGORITHMS
 from rollwire.trainer.settings import BatchSettings
+
+logger = logging.getLogger(__name__)
 
 
 class EnvironmentMix(BaseModel):
@@ -120,6 +130,46 @@ def default_waiting_rollouts(budget: BatchSettings) -> int:
     return budget.max_off_policy * (budget.batch_rollouts or 0)
 
 
+class WaitingAllowance:
+    """`waiting_rollouts` as it stands now: halved each step while the smoothed share of rollouts
+    dropped as stale is above `target`, grown back to `ceiling` in `RECOVERY_STEPS` steps once the
+    share is below half of it (additive increase, multiplicative decrease, as TCP paces a link).
+    A few stale drops (a slow group now and then) leave it alone; a standing queue drains."""
+
+    RECOVERY_STEPS = 50
+    SMOOTHING = 0.2
+    """Weight of the newest step in the smoothed share: about the last five steps count."""
+
+    def __init__(self, ceiling: int, target: float) -> None:
+        self.ceiling, self.target = ceiling, target
+        self.value = ceiling
+        self.share = 0.0
+        """The smoothed share of rollouts dropped as stale."""
+        self.narrowed = 0
+        """Steps at which it halved."""
+        self._stale = 0
+
+    def stale(self, count: int) -> None:
+        """`count` rollouts dropped as stale."""
+        self._stale += count
+
+    def trained(self, count: int) -> None:
+        """A step trained `count` rollouts: the share since the last step updates the allowance."""
+        seen = count + self._stale
+        if seen:
+            self.share += self.SMOOTHING * (self._stale / seen - self.share)
+        self._stale = 0
+        if self.share > self.target and self.value:
+            self.value //= 2
+            self.narrowed += 1
+            if self.narrowed == 1 or self.narrowed % 100 == 0:
+                logger.warning("%.0f%% of rollouts dropped as stale (stale_drop_target %.0f%%): the waiting allowance "
+                               "halves to %d (of %d), narrowed %d times so far", 100 * self.share, 100 * self.target,
+                               self.value, self.ceiling, self.narrowed)
+        elif self.share < self.target / 2:
+            self.value = min(self.ceiling, self.value + -(-self.ceiling // self.RECOVERY_STEPS))
+
+
 class Dispatcher:
     def __init__(self, log: EventLog, topics: Topics, mix: Sequence[tuple[EnvironmentMix, Taskset]],
                  budget: BatchSettings, settings: DispatcherSettings | None = None) -> None:
@@ -133,7 +183,7 @@ class Dispatcher:
         self.settings = settings or DispatcherSettings()
         self.producer = EventProducer(log.producer(), topics, name="dispatcher")
         self.dead_letters = DeadLetters(self.producer, "dispatcher")
-        self.waiting_rollouts = default_waiting_rollouts(budget)
+        self.allowance = WaitingAllowance(default_waiting_rollouts(budget), budget.stale_drop_target)
         watched = [topics.train, topics.drops, topics.weights, topics.fleet, topics.deadletter, topics.sampling]
         starts = {(t, p): 0 for t in watched for p in range(log.partitions(t))}
         self.progress = EventConsumer(log.reader(watched, AtOffsets(starts)), self.dead_letters)
@@ -182,9 +232,12 @@ class Dispatcher:
             event = delivery.event
             if isinstance(event, TrainStepCompleted):  # production samples were never issued here
                 self.accounted += len(event.rollout_ids) - event.samples.get("production", 0)
+                self.allowance.trained(len(event.rollout_ids))
                 self.policy_version = max(self.policy_version, event.policy_version)
             elif isinstance(event, RolloutsDropped):
                 self.accounted += 0 if event.production else len(event.rollout_ids)
+                if event.reason == "stale" and not event.production:
+                    self.allowance.stale(len(event.rollout_ids))
             elif isinstance(event, WeightsPublished):
                 self.published_version = max(self.published_version, event.version)
             elif isinstance(event, ReplicaStatus):
@@ -230,7 +283,7 @@ class Dispatcher:
         while self.fleet_caught_up:
             env = self.rng.choices([e for e, _ in self.mix], weights=[e.weight for e, _ in self.mix])[0]
             if not may_issue(self.in_flight, env.group_size, self.budget.max_off_policy, self.batch_rollouts,
-                             sampling=self.sampling, waiting_rollouts=self.waiting_rollouts):
+                             sampling=self.sampling, waiting_rollouts=self.allowance.value):
                 break
             row = next(self.rows[env.name])
             task = TaskAssigned(task_id=row["task_id"], environment=env.name, algorithm=env.algorithm,

@@ -37,6 +37,10 @@ class BatchSettings(BaseModel):
     the off-policy budget: a rollout's tokens get their version when it samples, not when its task
     is issued. None: `max_off_policy` x `batch_rollouts` (0 for the synchronous loop, which stays
     one batch at a time). Past the allowance a waiting rollout counts as if sampling."""
+    stale_drop_target: float = Field(default=0.1, gt=0, le=1)
+    """The share of rollouts dropped as stale that the dispatcher tolerates: above it (smoothed
+    over about five steps) the waiting allowance halves each step, and below half of it the
+    allowance grows back over 50 steps (`producers.dispatcher.WaitingAllowance`). 1: it never narrows."""
     dedupe_window: int = Field(default=200_000, ge=1)
     """Rollout ids remembered to recognise redeliveries."""
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rollwire.core.bus import EmbeddedBusSettings, EventProducer, catalog_topics, open_log
-from rollwire.producers.dispatcher import Dispatcher, EnvironmentMix, may_issue
+from rollwire.producers.dispatcher import Dispatcher, EnvironmentMix, WaitingAllowance, may_issue
 from rollwire.producers.tasksets import load_taskset
 from rollwire.schemas import Codec, RolloutsDropped, TaskAssigned, Topics, TrainStepCompleted
 from rollwire.trainer.settings import BatchSettings
@@ -33,7 +33,7 @@ def test_the_budget_counts_a_rollout_from_its_first_generation_request(tmp_path)
     log.create_topics(catalog_topics(topics))
     mix = [(EnvironmentMix(name="reverse-digits", group_size=4), load_taskset("reverse-digits", count=50))]
     dispatcher = Dispatcher(log, topics, mix, BatchSettings(max_off_policy=1, batch_rollouts=8))
-    assert dispatcher.waiting_rollouts == 8  # the default: max_off_policy batches
+    assert dispatcher.allowance.value == 8  # the default: max_off_policy batches
     # nothing sampling: 16 of budget, plus 8 waiting free -> 24 rollouts, 6 groups
     assert dispatcher.step() == 6 and dispatcher.in_flight == 24 and dispatcher.sampling == 0
     workers = EventProducer(log.producer(), topics, name="env-worker")
@@ -188,3 +188,50 @@ def test_rows_come_round_again_read_anew_rather_than_kept():
     rows = endless(Two())
     assert [r["task_id"] for r in itertools.islice(rows, 5)] == ["t0", "t1", "t0", "t1", "t0"]
     assert Two.passes == 3  # each pass reads the taskset again: nothing handed out is held
+
+
+def test_the_waiting_allowance_halves_while_stale_drops_are_high_and_grows_back_once_they_end():
+    allowance = WaitingAllowance(ceiling=128, target=0.1)
+    for _ in range(20):  # 3% stale, as a healthy run drops now and then: left alone
+        allowance.stale(2)
+        allowance.trained(62)
+    assert allowance.value == 128 and allowance.narrowed == 0
+    values = []
+    for _ in range(10):  # a standing queue: a fifth of the work dropped as stale
+        allowance.stale(16)
+        allowance.trained(64)
+        values.append(allowance.value)
+    # the smoothed share: 6.5%, 9.2%, 11.4%, ...: past the target from the third step, halved each step after
+    assert values == [128, 128, 64, 32, 16, 8, 4, 2, 1, 0]
+    steps = 0
+    while allowance.value < 128:  # no more stale drops: 5 steps for the share to decay below 5%, then +3 a step
+        allowance.trained(64)
+        steps += 1
+    assert steps == 5 + 43
+    never = WaitingAllowance(ceiling=128, target=1.0)
+    for _ in range(10):
+        never.stale(64)
+        never.trained(0)
+    assert never.value == 128
+
+
+def test_the_dispatcher_narrows_its_allowance_on_the_trainers_stale_drops(tmp_path):
+    topics = Topics("w")
+    log = open_log(EmbeddedBusSettings(path=tmp_path / "log"))
+    log.create_topics(catalog_topics(topics))
+    mix = [(EnvironmentMix(name="reverse-digits", group_size=4), load_taskset("reverse-digits", count=50))]
+    dispatcher = Dispatcher(log, topics, mix, BatchSettings(max_off_policy=1, batch_rollouts=8))
+    trainer = EventProducer(log.producer(), topics, name="trainer")
+    for step in range(1, 5):  # each step: 4 trained, 4 dropped as stale (and production drops do not count)
+        trainer.send(topics.drops, RolloutsDropped(rollout_ids=[f"s{step}-{i}" for i in range(4)], reason="stale",
+                                                   stage="trainer"), key="g")
+        trainer.send(topics.drops, RolloutsDropped(rollout_ids=["f"] * 40, reason="stale", stage="trainer",
+                                                   production=True), key="g")
+        trainer.send(topics.train, TrainStepCompleted(step=step, policy_version=step,
+                                                      rollout_ids=[f"t{step}-{i}" for i in range(4)]), key="policy")
+        trainer.flush()
+        dispatcher.step()
+    # the smoothed share: 10%, 18%, 24%, 29%: above the target from the second step on, 8 -> 4 -> 2 -> 1
+    assert dispatcher.allowance.narrowed == 3 and dispatcher.allowance.value == 1
+    dispatcher.close()
+    log.close()
