@@ -216,12 +216,7 @@ def test_the_waiting_allowance_halves_while_stale_drops_are_high_and_grows_back_
 
 
 def test_the_dispatcher_narrows_its_allowance_on_the_trainers_stale_drops(tmp_path):
-    topics = Topics("w")
-    log = open_log(EmbeddedBusSettings(path=tmp_path / "log"))
-    log.create_topics(catalog_topics(topics))
-    mix = [(EnvironmentMix(name="reverse-digits", group_size=4), load_taskset("reverse-digits", count=50))]
-    dispatcher = Dispatcher(log, topics, mix, BatchSettings(max_off_policy=1, batch_rollouts=8))
-    trainer = EventProducer(log.producer(), topics, name="trainer")
+    log, topics, dispatcher, trainer = one_environment(tmp_path, "w", max_off_policy=1, batch_rollouts=8)
     for step in range(1, 5):  # each step: 4 trained, 4 dropped as stale (and production drops do not count)
         trainer.send(topics.drops, RolloutsDropped(rollout_ids=[f"s{step}-{i}" for i in range(4)], reason="stale",
                                                    stage="trainer"), key="g")
