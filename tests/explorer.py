@@ -102,13 +102,17 @@ def screenshot(driver, view: str) -> None:
         driver.save_screenshot(str(Path(folder) / f"explore-{view}.png"))
 
 
-def open_rollout(driver, *, fate: str = "", timeout_s: float = 60) -> str:
-    """Filters the Rollouts view by `fate`, opens the first rollout listed; returns its id. The row
-    is found and clicked inside the page in one step: the view redraws its table as the run goes."""
+def open_rollout(driver, *, fate: str = "", reason: str = "", timeout_s: float = 60) -> str:
+    """Filters the Rollouts view by `fate` (and a dropped rollout's `reason`), opens the first rollout
+    listed; returns its id. The row is found and clicked inside the page in one step: the view
+    redraws its table as the run goes."""
     from selenium.webdriver.support.ui import Select
 
     open_view(driver, "rollouts")
     Select(driver.find_element("css selector", "#rollout-filters select[name=fate]")).select_by_visible_text(fate or "any")
+    reason_box = driver.find_element("css selector", "#rollout-filters input[name=reason]")
+    reason_box.clear()
+    reason_box.send_keys(reason)
     driver.find_element("css selector", "#rollout-filters button[type=submit]").click()
     pick = """const row = [...document.querySelectorAll('#rollout-table tbody tr.rollout')]
                 .find((r) => r.cells[5].textContent.startsWith(arguments[0]));
