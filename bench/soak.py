@@ -97,6 +97,19 @@ def print_sites(folder: Path, top: int = 5) -> None:
                   f"{rate:+.2f} MB/h over the last {hours * 60:.0f} min")
 
 
+def wal_mb(run_dir: Path) -> tuple[float, float, str]:
+    """The embedded log's SQLite write-ahead logs under `run_dir`: their total size, the largest
+    one's (MB) and its topic. A WAL is reset only when no reader holds a snapshot in it as a
+    writer starts; one that readers keep from resetting grows, and every read then searches a
+    longer index."""
+    sizes: dict[str, float] = {}
+    for path in run_dir.rglob("*.sqlite-wal"):
+        with contextlib.suppress(FileNotFoundError):
+            sizes[path.name.removesuffix(".sqlite-wal")] = path.stat().st_size / 1e6
+    biggest = max(sizes, key=sizes.__getitem__, default="")
+    return sum(sizes.values()), sizes.get(biggest, 0.0), biggest
+
+
 def slope_per_hour(points: list[tuple[float, float]]) -> float:
     """Least-squares slope of (seconds, value) points, per hour."""
     n = len(points)
@@ -134,6 +147,7 @@ def main() -> None:
                            env={**os.environ, "COLUMNS": "200"},  # SIGINT is Ctrl-C to it, even from a background job
                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     samples: dict[str, list[tuple[float, float, int, int]]] = defaultdict(list)  # name -> (t, rss MB, fds, threads)
+    wal: list[tuple[float, float, float, str]] = []  # (t, all WALs MB, the largest MB, its topic)
     started = time.monotonic()
     metrics = folder / "run" / "metrics.jsonl"
     try:
@@ -150,6 +164,7 @@ def main() -> None:
                 rss, fds, threads = usage(processes)
                 if rss:
                     samples[name].append((elapsed, rss, fds, threads))
+            wal.append((elapsed, *wal_mb(folder / "run")))
             time.sleep(args.every)
     finally:
         run.send_signal(signal.SIGINT)
@@ -179,7 +194,12 @@ def main() -> None:
         print(f"{name:<14} {after[-1][1]:8.0f} {share:8.1f}% {after[-1][2]:5d} {fds:7.1f} {after[-1][3]:8d} "
               f"{threads:10.1f}")
     rate = _rate_held(rows, warm, total, first_step_at)
-    (folder / "samples.json").write_text(json.dumps(samples))  # (seconds, RSS MB, fds, threads) per component
+    (folder / "samples.json").write_text(json.dumps({**samples, "wal": wal}))  # (s, RSS MB, fds, threads) per component
+    if wal and wal[-1][1]:
+        after = [w for w in wal if w[0] >= warm] or wal
+        largest = max(wal, key=lambda w: w[2])
+        print(f"SQLite write-ahead logs: {after[0][1]:.0f} MB after warm-up, {wal[-1][1]:.0f} MB at the end; the largest "
+              f"seen: {largest[3]} {largest[2]:.0f} MB at minute {largest[0] / 60:.0f}")
     print(f"steps: {len(rows)}; trained rollouts per minute, last quarter vs first quarter after warm-up: {rate:.2f}")
     if args.sites:
         print_sites(folder / "run" / "memory")

@@ -85,9 +85,9 @@ def wait_for(driver, condition, timeout_s: float = 60, what: str = "the page") -
         time.sleep(0.5)
 
 
-def points(driver, chart: str) -> int:
-    """How many points a chart of the Curves view holds."""
-    return int(driver.find_element("id", chart).get_attribute("data-points") or 0)
+def points(driver, chart: str, *, full: bool = False) -> int:
+    """How many points a chart of the Curves view holds (`full`: with a value in every series)."""
+    return int(driver.find_element("id", chart).get_attribute("data-full" if full else "data-points") or 0)
 
 
 def open_view(driver, view: str) -> None:

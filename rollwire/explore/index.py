@@ -128,6 +128,17 @@ class Points:
             self.rows = self.rows[::2]
 
 
+def _ends(log: EventLog, names: list[str]) -> dict[tuple[str, int], int]:
+    """Where each partition of `names` ends now (topics not created yet: nothing to catch up on)."""
+    ends: dict[tuple[str, int], int] = {}
+    for name in names:
+        try:
+            ends.update({(name, p): end for p, end in log.end_offsets(name).items() if end > 0})
+        except Exception:  # a topic the run has not created yet, or a log away: read what comes
+            continue
+    return ends
+
+
 class RunIndex:
     """Follows a run's topics from their beginning; `follow()` reads what is new. Thread-safe: one
     thread follows, request handlers read under `lock`."""
@@ -138,7 +149,13 @@ class RunIndex:
         self.lock = threading.Lock()
         self.unreadable = CountedDeadLetters()
         names = [topics.name(t) for t in FOLLOWED]
-        self._consumer = EventConsumer(log.reader(names, Beginning()), self.unreadable)
+        self._reader = log.reader(names, Beginning())
+        self._consumer = EventConsumer(self._reader, self.unreadable)
+        self._catch_up_to = _ends(log, names)
+        self.behind = sum(self._catch_up_to.values())
+        """Records between where the index has read and where the log ended when it opened."""
+        self.caught_up = not self.behind
+        """True once the index read what was on the log when it opened (or found nothing more to read)."""
         self.rollouts: collections.OrderedDict[str, RolloutRow] = collections.OrderedDict()
         self.groups: dict[str, list[str]] = {}
         self._early: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
@@ -148,7 +165,8 @@ class RunIndex:
         self.step_rows: dict[int, dict[str, Any]] = {}
         """Each step's row by step number (the latest `max_points` steps)."""
         self.env_rewards: dict[int, dict[str, tuple[float, int]]] = {}
-        """Per step, per environment: the reward summed over its trained rollouts, and their count."""
+        """Per step, per environment: the reward (with group rewards) summed over its trained rollouts,
+        and their count."""
         self.drops: collections.Counter[str] = collections.Counter()
         self.drop_points = Points(max_points)
         self.replicas: dict[str, dict[str, Any]] = {}
@@ -176,6 +194,10 @@ class RunIndex:
             self.records += len(deliveries)
             if deliveries:  # when the run last wrote, not when the explorer read it
                 self.updated_ms = max(self.updated_ms, max(d.record.timestamp_ms for d in deliveries))
+            if not self.caught_up:
+                consumed = self._reader.consumed_offsets()
+                self.behind = sum(max(0, end - consumed.get(tp, 0)) for tp, end in self._catch_up_to.items())
+                self.caught_up = not self.behind or not deliveries
         if time.monotonic() - self._lag_at >= LAG_EVERY_S:
             self._lag_at = time.monotonic()
             self._sample_lag()
@@ -245,6 +267,8 @@ class RunIndex:
         no order among themselves: a step can be read before the rollouts it trained)."""
         row = self.rollouts.get(rollout_id)
         if row is not None:
+            if row.fate == "trained" and row.final_reward is None and facts.get("final_reward") is not None:
+                self._count_trained(row, instead_of=row.reward, reward=facts["final_reward"])  # scored read late
             for name, value in facts.items():
                 setattr(row, name, value)
             if facts.get("fate") == "trained":
@@ -254,11 +278,18 @@ class RunIndex:
         while len(self._early) > self.max_rollouts:
             self._early.popitem(last=False)
 
-    def _count_trained(self, row: RolloutRow) -> None:
-        """A rollout trained in step `row.step`: its environment's reward in that step."""
+    def _count_trained(self, row: RolloutRow, *, instead_of: float | None = None, reward: float | None = None) -> None:
+        """A rollout trained in step `row.step`: its environment's reward in that step, as the
+        trainer's step mean counts it (with group rewards: `final_reward`). `instead_of`: a reward
+        counted before, replaced by `reward` (its scored record was read after the step)."""
+        if reward is None:
+            reward = row.final_reward if row.final_reward is not None else row.reward
         per_env = self.env_rewards.setdefault(row.step or 0, {})
         total, count = per_env.get(row.environment, (0.0, 0))
-        per_env[row.environment] = (total + row.reward, count + 1)
+        if instead_of is None:
+            per_env[row.environment] = (total + reward, count + 1)
+        else:
+            per_env[row.environment] = (total + reward - instead_of, count)
         while len(self.env_rewards) > self.steps.limit:
             self.env_rewards.pop(min(self.env_rewards))
 

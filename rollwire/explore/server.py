@@ -81,6 +81,7 @@ class Explorer:
         with index.lock:
             last = index.steps.rows[-1] if index.steps.rows else None
             return {"run": self.name, "prefix": index.topics.prefix, "records": index.records,
+                    "caught_up": index.caught_up, "behind": index.behind,
                     "rollouts": len(index.rollouts), "forgotten": index.forgotten, "steps": len(index.steps.rows),
                     "last_step": last["step"] if last else None, "planned_steps": self.planned_steps,
                     "finished": bool(last and self.planned_steps and last["step"] >= self.planned_steps),

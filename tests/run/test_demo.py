@@ -97,6 +97,9 @@ def test_the_explorer_page_tells_the_finished_demos_story(demo_run):
         driver.get(url)
         wait_for(driver, lambda d: points(d, "chart-reward") == DEMO_STEPS, 120, f"all {DEMO_STEPS} steps on the curve")
         assert points(driver, "chart-staleness") == DEMO_STEPS
+        wait_for(driver, lambda d: not d.find_elements("id", "reading"), 120, "the page's index caught up with the log")
+        # once caught up, every step has its environment's reward (rollouts read after their step fill it in)
+        wait_for(driver, lambda d: points(d, "chart-reward", full=True) == DEMO_STEPS, 10, "every step's reward per environment")
         screenshot(driver, "curves")
         rollout_id = open_rollout(driver, fate="trained")
         tokens = driver.find_elements("css selector", "#tokens span.tok")

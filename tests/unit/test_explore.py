@@ -23,7 +23,7 @@ def run(tmp_path):
         r = rollout(rollout_id=f"r{i}", sample_index=i, reward=float(i))
         producer.send(topics.rollouts, r, key=r.group_id)
         producer.send(topics.traces, trace(rollout_id=f"r{i}"), key=r.group_id)
-        producer.send(topics.scored, scored(rollout=r, advantage=i - 1.0), key=r.group_id)
+        producer.send(topics.scored, scored(rollout=r, reward=i + 0.2, advantage=i - 1.0), key=r.group_id)
     producer.send(topics.train, train_step(step=4, rollout_ids=["r0", "r1"]), key="policy")
     producer.send(topics.drops, dropped(rollout_ids=["r2"], group_id="group-1"), key="group-1")
     producer.send(topics.fleet, replica(), key="127.0.0.1:8000")
@@ -75,8 +75,9 @@ def test_curves_steps_and_fleet(run):
     explorer = Explorer(_followed(log, topics), name="ex")
     curves = explorer.curves(0)
     assert [s["step"] for s in curves["steps"]] == [4] and curves["steps"][0]["staleness_max"] == 1
-    # per environment, from the rollouts the step trained (r0 and r1: rewards 0 and 1)
-    assert curves["steps"][0]["environments"] == {"reverse-digits": {"reward": 0.5, "rollouts": 2}}
+    # per environment, from the rollouts the step trained (r0 and r1: rewards 0 and 1, 0.2 and 1.2 with the group's
+    # bonus, which the trainer's step mean counts too)
+    assert curves["steps"][0]["environments"] == {"reverse-digits": {"reward": pytest.approx(0.7), "rollouts": 2}}
     assert curves["drops"][-1]["stale"] == 1
     assert curves["reloads"][0]["replica"] == "127.0.0.1:8000" and curves["reloads"][0]["pause_s"] == 0.05
     assert explorer.curves(curves["steps"][0]["time_ms"])["steps"] == []  # only what is new
@@ -88,6 +89,35 @@ def test_curves_steps_and_fleet(run):
     fleet = explorer.fleet()
     assert fleet["replicas"][0]["serving"] == 4 and fleet["decisions"][0]["canary"] == 4
     assert fleet["versions"][0]["version"] == 4
+
+
+def test_the_index_says_when_it_caught_up_with_the_log(run):
+    log, topics, _ = run
+    index = RunIndex(log, topics)
+    assert not index.caught_up and index.behind >= 9  # 3 rollouts, their traces and scores at least
+    while index.follow(timeout_s=0.5):
+        pass
+    assert index.caught_up and index.behind == 0
+    assert Explorer(index, name="ex").summary()["caught_up"] is True
+
+
+def test_a_steps_environment_reward_counts_group_rewards_read_after_the_step(tmp_path):
+    log, topics = open_log(EmbeddedBusSettings(path=tmp_path / "log")), Topics("late")
+    log.create_topics(catalog_topics(topics))
+    producer = EventProducer(log.producer(), topics, name="test")
+    r = rollout(rollout_id="r0", reward=1.0)
+    producer.send(topics.rollouts, r, key=r.group_id)
+    producer.send(topics.train, train_step(step=1, rollout_ids=["r0"]), key="policy")
+    producer.flush()
+    index = _followed(log, topics)
+    assert index.environments_of(1) == {"reverse-digits": {"reward": 1.0, "rollouts": 1}}  # not scored yet: its own
+    producer.send(topics.scored, scored(rollout=r, reward=1.2), key=r.group_id)
+    producer.flush()
+    while index.follow(timeout_s=0.5):
+        pass
+    assert index.environments_of(1) == {"reverse-digits": {"reward": pytest.approx(1.2), "rollouts": 1}}
+    producer.close()
+    log.close()
 
 
 def test_the_index_follows_what_comes_later_and_keeps_the_newest_rollouts_only(run):

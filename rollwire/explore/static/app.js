@@ -46,12 +46,15 @@ async function loadSummary() {
   $("#run-name").textContent = s.run;
   // finished: the recipe's last step is on the log; live: the run wrote in the last 15 s
   const live = !s.finished && s.updated_ms && Date.now() - s.updated_ms < 15000;
-  const state = s.finished ? "✓ finished" : live ? "● live" : "○ not moving";
+  const runState = s.finished ? "✓ finished" : live ? "● live" : "○ not moving";
   const drops = Object.entries(s.drops).map(([k, v]) => `${k} ${v}`).join(", ") || "none";
-  $("#summary").innerHTML = `<span id="run-state" class="${live ? "live" : "stopped"}">${state}</span>
+  $("#summary").innerHTML = `<span id="run-state" class="${live ? "live" : "stopped"}">${runState}</span>
     · step <b id="last-step">${s.last_step ?? "–"}</b>${s.planned_steps ? ` of ${s.planned_steps}` : ""} · version ${s.version ?? "–"} · ${s.rollouts} rollouts
     · drops: ${esc(drops)} · ${s.replicas} replica(s)` + (s.unreadable ? ` · <span class="error">${s.unreadable} records unreadable</span>` : "")
-    + (s.forgotten ? ` · ${s.forgotten} older rollouts not listed` : "");
+    + (s.forgotten ? ` · ${s.forgotten} older rollouts not listed` : "")
+    + (s.caught_up ? "" : ` · <span id="reading">reading the log: ${s.behind.toLocaleString()} records to go</span>`);
+  if (s.caught_up && state.caughtUp !== true) state.since = 0;  // the curves again, whole: rollouts read after their steps
+  state.caughtUp = s.caught_up;
   const select = $("#rollout-filters select[name=environment]");
   for (const env of s.environments) {
     if (![...select.options].some((o) => o.value === env)) select.add(new Option(env, env));
@@ -63,6 +66,7 @@ async function loadSummary() {
 function chart(id, series, data, { time = false } = {}) {
   const el = document.getElementById(id);
   el.dataset.points = String(data[0] ? data[0].length : 0);
+  el.dataset.full = String(data[0] ? data[0].filter((_, i) => data.every((values) => values[i] !== null && values[i] !== undefined)).length : 0);
   const existing = state.charts[id];
   if (existing && existing.series.length === series.length + 1) {
     existing.setData(data, true);
@@ -87,7 +91,7 @@ function drawCurves() {
   const c = state.curves;
   const steps = c.steps;
   const envs = [...new Set(steps.flatMap((r) => Object.keys(r.environments || {})))].sort();
-  chart("chart-reward", ["mean", ...envs], bySteps(steps, [(r) => r.reward, ...envs.map((e) => (r) => r.environments?.[e]?.reward ?? null)]));
+  chart("chart-reward", ["all", ...envs], bySteps(steps, [(r) => r.reward, ...envs.map((e) => (r) => r.environments?.[e]?.reward ?? null)]));
   const terms = [...new Set(steps.flatMap((r) => Object.keys(r.reward_terms || {})))].sort();
   chart("chart-reward-terms", terms.length ? terms : ["(none)"],
         bySteps(steps, terms.length ? terms.map((t) => (r) => r.reward_terms?.[t] ?? null) : [() => null]));
