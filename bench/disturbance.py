@@ -3,7 +3,7 @@ the rate and the stale drops before, during and after it, with the waiting allow
 (`stale_drop_target = 1`, the rule before it adapted) and adapting (the default).
 
     python bench/disturbance.py [--before 5] [--disturbed 5] [--after 8] [--arms fixed,adaptive]
-                                [--disturbance hogs|explorer|second-run] [--hogs 2]
+                                [--disturbance hogs|explorer|second-run|none] [--hogs 2]
 
 Per arm: `rollwire run` of the demo recipe on the embedded log; once its first step is on the log
 and `--warmup` minutes passed, `--before` minutes undisturbed, then `--disturbed` minutes of the
@@ -12,6 +12,7 @@ disturbance, then `--after` minutes undisturbed again. The disturbances:
   explorer    `rollwire explore` on the run's own log, catching up from its start (readers of the
               same SQLite files: the 2-hour soak's disturbance, half of it)
   second-run  a second demo run in a directory of its own (the soak's other half)
+  none        nothing: the control, how far the rate drifts on its own between the same phases
 From the run's `metrics.jsonl`, per phase: rollouts trained per minute, the share of the work
 dropped as stale (stale / (trained + stale)) and the mean staleness trained; at each phase's end,
 the size of the run's SQLite write-ahead logs (a WAL that readers keep from being reset grows, and
@@ -54,6 +55,8 @@ def recipe_for(arm: str, folder: Path) -> Path:
 
 
 def start_disturbance(kind: str, args: argparse.Namespace, folder: Path, run_dir: Path, arm: str) -> list[subprocess.Popen]:
+    if kind == "none":
+        return []
     if kind == "hogs":
         return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.hogs)]
     if kind == "explorer":
@@ -142,7 +145,7 @@ def main() -> None:
     parser.add_argument("--before", type=float, default=5.0, help="undisturbed minutes, the baseline (default %(default)s)")
     parser.add_argument("--disturbed", type=float, default=5.0, help="minutes disturbed (default %(default)s)")
     parser.add_argument("--after", type=float, default=8.0, help="undisturbed minutes after (default %(default)s)")
-    parser.add_argument("--disturbance", choices=["hogs", "explorer", "second-run"], default="hogs",
+    parser.add_argument("--disturbance", choices=["hogs", "explorer", "second-run", "none"], default="hogs",
                         help="what disturbs the run (default %(default)s; see above)")
     parser.add_argument("--hogs", type=int, default=2, help="processes spinning, with --disturbance hogs (default %(default)s)")
     parser.add_argument("--arms", default="fixed,adaptive", help="which arms, in order (default %(default)s)")

@@ -257,16 +257,22 @@ def build_app(explorer: Explorer):
     app = web.Application(middlewares=[refusals(error), guard])
     app.router.add_get("/", page)
     app.router.add_get("/static/{name:.+}", asset)
-    app.router.add_get("/api/summary", lambda r: call(explorer.summary))
-    app.router.add_get("/api/curves", lambda r: call(explorer.curves, _int(r, "since", 0)))
+    def reads(pick):
+        """A handler that calls what `pick(request)` names, `(function, *arguments)`, off the loop."""
+        async def handler(request):
+            return await call(*pick(request))
+        return handler
+
+    app.router.add_get("/api/summary", reads(lambda r: (explorer.summary,)))
+    app.router.add_get("/api/curves", reads(lambda r: (explorer.curves, _int(r, "since", 0))))
     app.router.add_get("/api/rollouts", rollouts)
-    app.router.add_get("/api/rollout/{id}", lambda r: call(explorer.rollout, r.match_info["id"]))
-    app.router.add_get("/api/steps", lambda r: call(explorer.steps, _int(r, "offset", 0),
-                                                    _int(r, "limit", 50, low=1, high=PAGE_LIMIT)))
-    app.router.add_get("/api/step/{n}", lambda r: call(explorer.step, _int_path(r, "n")))
-    app.router.add_get("/api/fleet", lambda r: call(explorer.fleet))
-    app.router.add_get("/api/replays", lambda r: call(lambda: sorted(explorer.replays())))
-    app.router.add_get("/api/replay/{name}", lambda r: call(explorer.replay, r.match_info["name"]))
+    app.router.add_get("/api/rollout/{id}", reads(lambda r: (explorer.rollout, r.match_info["id"])))
+    app.router.add_get("/api/steps", reads(lambda r: (explorer.steps, _int(r, "offset", 0),
+                                                      _int(r, "limit", 50, low=1, high=PAGE_LIMIT))))
+    app.router.add_get("/api/step/{n}", reads(lambda r: (explorer.step, _int_path(r, "n"))))
+    app.router.add_get("/api/fleet", reads(lambda r: (explorer.fleet,)))
+    app.router.add_get("/api/replays", reads(lambda r: (lambda: sorted(explorer.replays()),)))
+    app.router.add_get("/api/replay/{name}", reads(lambda r: (explorer.replay, r.match_info["name"])))
     return app
 
 

@@ -4,6 +4,8 @@ event, the pages it serves, the records it reads back, its bounds. (`tests/run/t
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from builders import dropped, replica, rollout, scored, serving_decision, trace, train_step, weights
 
@@ -141,3 +143,24 @@ def test_bad_query_values_are_refused_with_what_to_send():
         with pytest.raises(Refused) as refused:
             query_of(Request(**bad))
         assert refused.value.status == 400 and next(iter(bad)) in refused.value.reason
+
+
+def test_the_api_needs_a_bearer_token_when_the_explorer_has_tokens(run):
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from rollwire.explore.server import build_app
+
+    log, topics, _ = run
+    explorer = Explorer(_followed(log, topics), name="ex", tokens={"s3cret": "me"})  # token -> source
+
+    async def fetch() -> list[int]:
+        async with TestClient(TestServer(build_app(explorer))) as client:
+            statuses = []
+            for path, headers in (("/api/summary", {}), ("/api/summary", {"Authorization": "Bearer wrong"}),
+                                  ("/api/summary", {"Authorization": "Bearer s3cret"}), ("/", {})):
+                response = await client.get(path, headers=headers)
+                statuses.append(response.status)
+            return statuses
+
+    # the page itself is public (it holds no data), every /api read is not
+    assert asyncio.run(fetch()) == [401, 401, 200, 200]

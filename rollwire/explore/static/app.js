@@ -137,7 +137,7 @@ async function loadRollouts() {
   const page = await api(`api/rollouts?${query({ ...filters(), offset: state.rolloutOffset, limit: state.pageSize })}`);
   const body = $("#rollout-table tbody");
   body.innerHTML = page.rollouts.map((r) => `<tr class="rollout${r.rollout_id === state.selected ? " selected" : ""}" data-id="${esc(r.rollout_id)}">
-    <td>${esc(r.rollout_id)}</td><td>${esc(r.environment)}</td><td class="num">${num(r.reward)}</td><td class="num">${num(r.advantage)}</td>
+    <td title="${esc(r.rollout_id)}">${esc(r.rollout_id)}</td><td>${esc(r.environment)}</td><td class="num">${num(r.reward)}</td><td class="num">${num(r.advantage)}</td>
     <td>${r.version_min === null ? "–" : r.version_min === r.version_max ? r.version_min : `${r.version_min}–${r.version_max}`}</td>
     <td class="fate-${r.fate.replace(" ", "-")}">${esc(r.fate)}${r.reason ? ` (${esc(r.reason)})` : ""}</td><td>${r.step ?? ""}</td></tr>`).join("");
   const last = Math.min(state.rolloutOffset + state.pageSize, page.total);
