@@ -4,12 +4,12 @@ the loop holds, over `--minutes` of `rollwire run` (the demo recipe, or RECIPE).
     python bench/soak.py [RECIPE] [--minutes 20] [--warmup-minutes 5] [--every 10] [--bus kafka] [--sites]
 
 Every `--every` seconds it samples every process of the run (each component, and the vLLM server
-under each replica with its engine processes): RSS, open file descriptors and threads. After
-the warm-up, growth is fitted by least squares and reported per hour, as a share of the
-component's size after warm-up (the goal: under 5% an hour). The rate: trainer steps and
-trained rollouts per minute in the last quarter of the run against the first quarter after
-warm-up, measured in the same run (1.0 = held). The run is stopped as Ctrl-C would stop it at
-the end. The last line is `RESULT ...`.
+under each replica with its engine processes; with `--bus kafka`, the broker it started): RSS,
+open file descriptors and threads. After the warm-up, growth is fitted by least squares and
+reported per hour, as a share of the component's size after warm-up (the goal: under 5% an
+hour). The rate: trainer steps and trained rollouts per minute in the last quarter of the run
+against the first quarter after warm-up, measured in the same run (1.0 = held). The run is
+stopped as Ctrl-C would stop it at the end. The last line is `RESULT ...`.
 
 `--sites` also traces every component's Python allocations (`[telemetry.memory_sites]`,
 `rollwire.core.memory_sites`) and prints, per component, the allocation sites that grew most
@@ -157,6 +157,8 @@ def main() -> None:
             time.sleep(2)
         started = time.monotonic()
         parent = psutil.Process(run.pid)
+        broker = [child for child in psutil.Process().children()  # the Kafka broker's JVM, which this started
+                  if any("kafka.Kafka" in part for part in child.cmdline())]
         while (elapsed := time.monotonic() - started) < args.minutes * 60:
             if run.poll() is not None:
                 raise SystemExit(f"rollwire run ended after {elapsed:.0f} s; see {folder / 'run.out'}")
@@ -164,6 +166,10 @@ def main() -> None:
                 rss, fds, threads = usage(processes)
                 if rss:
                     samples[name].append((elapsed, rss, fds, threads))
+            if broker:
+                rss, fds, threads = usage(broker)
+                if rss:
+                    samples["kafka-broker"].append((elapsed, rss, fds, threads))
             wal.append((elapsed, *wal_mb(folder / "run")))
             time.sleep(args.every)
     finally:

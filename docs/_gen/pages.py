@@ -7,7 +7,9 @@ so they cannot drift from it:
     benchmarks/results.md   bench/RESULTS.md as recorded
     index.md                the README, its links made relative to the site
 
-Run by `mkdocs build` (`make docs`); `tests/docs/test_site.py` builds the site in strict mode.
+Run by `mkdocs build` (`make docs`) through mkdocs-gen-files; `python docs/_gen/pages.py DOCS` writes
+them into a copy of `docs/` for a builder that runs no MkDocs plugin (Zensical: docs/development.md).
+`tests/docs/test_site.py` builds the site in strict mode.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import typing
 from pathlib import Path
 from typing import Any
 
-import mkdocs_gen_files
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
@@ -176,8 +177,31 @@ def results_page() -> str:
                   "where each benchmark's history ends; each names the command that produced it.\n", text, count=1)
 
 
-for page, write in {"reference/commands.md": commands_page, "reference/settings.md": settings_page,
-                    "reference/topics.md": topics_page, "index.md": index_page,
-                    "benchmarks/results.md": results_page}.items():
-    with mkdocs_gen_files.open(page, "w") as out:
-        out.write(write())
+PAGES = {"reference/commands.md": commands_page, "reference/settings.md": settings_page,
+         "reference/topics.md": topics_page, "index.md": index_page, "benchmarks/results.md": results_page}
+"""Each generated page by its path in the site, and what writes it."""
+
+
+def write_pages(docs: Path) -> list[Path]:
+    """Writes the generated pages into a copy of `docs/`, for a builder without mkdocs-gen-files
+    (Zensical, Material's successor, runs no MkDocs plugin)."""
+    written = []
+    for page, text in PAGES.items():
+        (docs / page).parent.mkdir(parents=True, exist_ok=True)
+        (docs / page).write_text(text())
+        written.append(docs / page)
+    return written
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="Writes the site's generated pages into DOCS, a copy of docs/ "
+                                     "(`mkdocs build` writes them itself, through mkdocs-gen-files).")
+    parser.add_argument("docs", type=Path, help="the copy of docs/ to write them into")
+    for path in write_pages(parser.parse_args().docs):
+        print(path)
+elif __name__ == "<run_path>":  # mkdocs-gen-files runs this file (runpy.run_path) during `mkdocs build`
+    import mkdocs_gen_files
+
+    for page, text in PAGES.items():
+        with mkdocs_gen_files.open(page, "w") as out:
+            out.write(text())

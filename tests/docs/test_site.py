@@ -5,12 +5,15 @@ a front page. The site's shell blocks run in `tests/run/test_demo.py`, on the de
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rollwire.cli import build_parser
 from rollwire.run.recipe import RunRecipe
@@ -83,3 +86,28 @@ def test_the_readme_is_a_front_page_and_the_site_home():
 def test_the_home_page_is_the_readme_with_working_links(site):
     home = _page(site, "")
     assert "How it compares" in home and 'href="getting-started/"' in home
+
+
+def _nav_pages(entries) -> list[str]:
+    pages = []
+    for entry in entries:
+        for value in (entry.values() if isinstance(entry, dict) else [entry]):
+            pages += _nav_pages(value) if isinstance(value, list) else [value]
+    return pages
+
+
+def test_every_page_of_the_navigation_can_be_written_without_mkdocs(tmp_path):
+    """MkDocs 1.x is unmaintained and Material reaches its end of life in May 2027: the generated
+    pages are a plain script's output too, so a builder that runs no MkDocs plugin (Zensical, which
+    reads this mkdocs.yml) gets the whole site (docs/development.md)."""
+    spec = importlib.util.spec_from_file_location("site_pages", REPO / "docs" / "_gen" / "pages.py")
+    pages = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pages)
+    docs = tmp_path / "docs"
+    shutil.copytree(REPO / "docs", docs)
+    written = pages.write_pages(docs)
+    assert {p.relative_to(docs).as_posix() for p in written} == set(pages.PAGES)
+    nav = _nav_pages(yaml.safe_load((REPO / "mkdocs.yml").read_text())["nav"])
+    missing = [page for page in nav if not (docs / page).is_file()]
+    assert not missing, missing
+    assert "usage: rollwire run" in (docs / "reference" / "commands.md").read_text()
