@@ -9,7 +9,11 @@ open file descriptors and threads. After the warm-up, growth is fitted by least 
 reported per hour, as a share of the component's size after warm-up (the goal: under 5% an
 hour). The rate: trainer steps and trained rollouts per minute in the last quarter of the run
 against the first quarter after warm-up, measured in the same run (1.0 = held). The run is
-stopped as Ctrl-C would stop it at the end. The last line is `RESULT ...`.
+stopped as Ctrl-C would stop it at the end. A second fit over the run's last third tells a bound
+that fills (growth that stops) from a leak (growth that goes on), and a timeline in eight spans
+shows each component's RSS beside the loop's rate, stale share, staleness and the trainer's wait
+for a batch. The last line is `RESULT ...`. `--report FOLDER` prints a finished soak's report
+again from its files.
 
 `--sites` also traces every component's Python allocations (`[telemetry.memory_sites]`,
 `rollwire.core.memory_sites`) and prints, per component, the allocation sites that grew most
@@ -127,7 +131,15 @@ def main() -> None:
     parser.add_argument("--bus", choices=["embedded", "kafka"], default="embedded")
     parser.add_argument("--sites", action="store_true",
                         help="trace allocations in every component and print the sites that grew (slower)")
+    parser.add_argument("--report", metavar="FOLDER", type=Path,
+                        help="print a finished soak's report again from its files (the folder it named), "
+                             "e.g. with another --warmup-minutes; runs nothing")
     args = parser.parse_args()
+    if args.report:
+        settings = json.loads((args.report / "samples.json").read_text()).get("settings", {})
+        report(args.report, settings.get("minutes", args.minutes),
+               args.warmup_minutes, settings.get("how", ""), (args.report / "run" / "memory").exists())
+        return
 
     folder = Path(tempfile.mkdtemp(prefix="soak-"))
     recipe = args.recipe
@@ -181,35 +193,82 @@ def main() -> None:
         if stop_broker:
             stop_broker()
 
-    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    how = f"{args.bus} log, a sample every {args.every:g} s"
+    (folder / "samples.json").write_text(json.dumps({  # (s, RSS MB, fds, threads) per component
+        **samples, "wal": wal, "settings": {"minutes": args.minutes, "how": how}}))
+    report(folder, args.minutes, args.warmup_minutes, how, args.sites)
+
+
+def report(folder: Path, minutes: float, warmup_minutes: float, how: str = "", sites: bool = False) -> None:
+    """Prints the soak in `folder` (its `samples.json` and the run's `metrics.jsonl`): the fits
+    after warm-up, the timeline, the rate held, the `RESULT` line."""
+    saved = json.loads((folder / "samples.json").read_text())
+    wal = saved.pop("wal", [])
+    saved.pop("settings", None)
+    samples = {name: [tuple(s) for s in rows] for name, rows in saved.items()}
+    rows = [json.loads(line) for line in (folder / "run" / "metrics.jsonl").read_text().splitlines()]
     first_step_at = rows[0]["time_ms"] / 1000 if rows else None
-    warm, total = args.warmup_minutes * 60, args.minutes * 60
-    print(f"soak: {args.minutes:g} min of rollwire run ({args.bus} log), warm-up {args.warmup_minutes:g} min, "
-          f"a sample every {args.every:g} s; files in {folder}")
-    print(f"{'component':<14} {'RSS MB':>8} {'growth/h':>9} {'fds':>5} {'fds/h':>7} {'threads':>8} {'threads/h':>10}")
+    warm, total = warmup_minutes * 60, minutes * 60
+    print(f"soak: {minutes:g} min of rollwire run{f' ({how})' if how else ''}, warm-up {warmup_minutes:g} min; "
+          f"files in {folder}")
+    print(f"{'component':<14} {'RSS MB':>8} {'growth/h':>9} {'last third':>10} {'fds':>5} {'fds/h':>7} "
+          f"{'threads':>8} {'threads/h':>10}")
     worst = 0.0
     for name in sorted(samples):
         after = [s for s in samples[name] if s[0] >= warm]
         if len(after) < 3:
             continue
         rss = slope_per_hour([(t, r) for t, r, _, _ in after])
+        late = [(t, r) for t, r, _, _ in after if t >= total - (total - warm) / 3]
+        late_share = 100 * slope_per_hour(late) / late[0][1] if len(late) >= 3 else float("nan")
         fds = slope_per_hour([(t, float(f)) for t, _, f, _ in after])
         threads = slope_per_hour([(t, float(n)) for t, _, _, n in after])
         share = 100 * rss / after[0][1]
         worst = max(worst, share)
-        print(f"{name:<14} {after[-1][1]:8.0f} {share:8.1f}% {after[-1][2]:5d} {fds:7.1f} {after[-1][3]:8d} "
-              f"{threads:10.1f}")
+        print(f"{name:<14} {after[-1][1]:8.0f} {share:8.1f}% {late_share:9.1f}% {after[-1][2]:5d} {fds:7.1f} "
+              f"{after[-1][3]:8d} {threads:10.1f}")
+    print("(growth/h: the fit from the warm-up's end, as a share of the size then; last third: the fit over the "
+          "run's last third, where the bounds that fill have filled)")
+    print_timeline(samples, rows, first_step_at, total)
     rate = _rate_held(rows, warm, total, first_step_at)
-    (folder / "samples.json").write_text(json.dumps({**samples, "wal": wal}))  # (s, RSS MB, fds, threads) per component
     if wal and wal[-1][1]:
         after = [w for w in wal if w[0] >= warm] or wal
         largest = max(wal, key=lambda w: w[2])
         print(f"SQLite write-ahead logs: {after[0][1]:.0f} MB after warm-up, {wal[-1][1]:.0f} MB at the end; the largest "
               f"seen: {largest[3]} {largest[2]:.0f} MB at minute {largest[0] / 60:.0f}")
     print(f"steps: {len(rows)}; trained rollouts per minute, last quarter vs first quarter after warm-up: {rate:.2f}")
-    if args.sites:
+    if sites:
         print_sites(folder / "run" / "memory")
-    print(f"RESULT minutes={args.minutes:g} worst_rss_growth_pct_per_h={worst:.3g} rate_held={rate:.3g} steps={len(rows)}")
+    print(f"RESULT minutes={minutes:g} worst_rss_growth_pct_per_h={worst:.3g} rate_held={rate:.3g} steps={len(rows)}")
+
+
+def print_timeline(samples: dict[str, list[tuple]], rows: list[dict], first_step_at: float | None, total: float,
+                   windows: int = 8) -> None:
+    """The run in `windows` equal spans: each component's RSS at the span's end, and what the loop
+    did in it (trained rollouts a minute, the share dropped as stale, mean staleness, the
+    trainer's mean wait for a batch): a fill, a leak and a change of state look different here."""
+    if not rows or first_step_at is None:
+        return
+    span = total / windows
+    ends = [span * (i + 1) for i in range(windows)]
+    names = sorted(samples)
+    print(f"\n{'minute':<8}" + "".join(f"{n[:13]:>14}" for n in names)
+          + f"{'trained/min':>12} {'stale':>6} {'staleness':>9} {'wait s':>7}")
+    for end in ends:
+        cells = []
+        for name in names:
+            before = [r for t, r, _, _ in samples[name] if t <= end]
+            cells.append(f"{before[-1]:14.0f}" if before else f"{'':>14}")
+        inside = [r for r in rows if end - span <= r["time_ms"] / 1000 - first_step_at < end]
+        trained = sum(r.get("rollouts", 0) for r in inside)
+        stale = sum((r.get("drops") or {}).get("stale", 0) for r in inside)
+        staleness = [r["staleness_mean"] for r in inside if r.get("staleness_mean") is not None]
+        waits = [r["wait_s"] for r in inside if r.get("wait_s") is not None]
+        print(f"{end / 60:<8.0f}" + "".join(cells) + f"{60 * trained / span:12.0f} "
+              f"{100 * stale / max(trained + stale, 1):5.1f}% "
+              f"{(sum(staleness) / len(staleness) if staleness else float('nan')):9.2f} "
+              f"{(sum(waits) / len(waits) if waits else float('nan')):7.2f}")
+    print("(RSS MB per component at each span's end; the loop's figures over the span)")
 
 
 def _rate_held(rows: list[dict], warm: float, total: float, first_step_at: float | None) -> float:
