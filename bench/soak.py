@@ -3,17 +3,17 @@ the loop holds, over `--minutes` of `rollwire run` (the demo recipe, or RECIPE).
 
     python bench/soak.py [RECIPE] [--minutes 20] [--warmup-minutes 5] [--every 10] [--bus kafka] [--sites]
 
-Every `--every` seconds it samples every process of the run (each component, and the vLLM server
-under each replica with its engine processes; with `--bus kafka`, the broker it started): RSS,
-open file descriptors and threads. After the warm-up, growth is fitted by least squares and
-reported per hour, as a share of the component's size after warm-up (the goal: under 5% an
-hour). The rate: trainer steps and trained rollouts per minute in the last quarter of the run
-against the first quarter after warm-up, measured in the same run (1.0 = held). The run is
-stopped as Ctrl-C would stop it at the end. A second fit over the run's last third tells a bound
-that fills (growth that stops) from a leak (growth that goes on), and a timeline in eight spans
-shows each component's RSS beside the loop's rate, stale share, staleness and the trainer's wait
-for a batch. The last line is `RESULT ...`. `--report FOLDER` prints a finished soak's report
-again from its files.
+Every `--every` seconds it samples every process of the run (each component; the vLLM server
+under each replica with its engine processes; `rollwire run` itself, the supervisor; with `--bus
+kafka`, the broker it started): RSS, open file descriptors and threads. After the warm-up,
+growth is fitted by least squares and reported per hour, as a share of the component's size
+after warm-up (the goal: under 5% an hour). The rate: trainer steps and trained rollouts per
+minute in the last quarter of the run against the first quarter after warm-up, measured in the
+same run (1.0 = held). The run is stopped as Ctrl-C would stop it at the end. A second fit over
+the run's last third tells a bound that fills (growth that stops) from a leak (growth that goes
+on), and a timeline in eight spans shows each component's RSS beside the loop's rate, stale
+share, staleness and the trainer's wait for a batch. The last line is `RESULT ...`. `--report
+FOLDER` prints a finished soak's report again from its files.
 
 `--sites` also traces every component's Python allocations (`[telemetry.memory_sites]`,
 `rollwire.core.memory_sites`) and prints, per component, the allocation sites that grew most
@@ -107,7 +107,8 @@ def wal_mb(run_dir: Path) -> tuple[float, float, str]:
     writer starts; one that readers keep from resetting grows, and every read then searches a
     longer index."""
     sizes: dict[str, float] = {}
-    for path in run_dir.rglob("*.sqlite-wal"):
+    log = run_dir / "log"  # not the whole run directory: the trainer removes old checkpoints while it is walked
+    for path in log.rglob("*.sqlite-wal") if log.is_dir() else ():
         with contextlib.suppress(FileNotFoundError):
             sizes[path.name.removesuffix(".sqlite-wal")] = path.stat().st_size / 1e6
     biggest = max(sizes, key=sizes.__getitem__, default="")
@@ -178,10 +179,10 @@ def main() -> None:
                 rss, fds, threads = usage(processes)
                 if rss:
                     samples[name].append((elapsed, rss, fds, threads))
-            if broker:
-                rss, fds, threads = usage(broker)
+            for name, processes in (("supervisor", [parent]), ("kafka-broker", broker)):
+                rss, fds, threads = usage(processes)  # `rollwire run` itself, and the broker this started
                 if rss:
-                    samples["kafka-broker"].append((elapsed, rss, fds, threads))
+                    samples[name].append((elapsed, rss, fds, threads))
             wal.append((elapsed, *wal_mb(folder / "run")))
             time.sleep(args.every)
     finally:
@@ -192,10 +193,10 @@ def main() -> None:
             run.kill()
         if stop_broker:
             stop_broker()
+        how = f"{args.bus} log, a sample every {args.every:g} s"
+        (folder / "samples.json").write_text(json.dumps({  # (s, RSS MB, fds, threads) per component; kept if it failed
+            **samples, "wal": wal, "settings": {"minutes": args.minutes, "how": how}}))
 
-    how = f"{args.bus} log, a sample every {args.every:g} s"
-    (folder / "samples.json").write_text(json.dumps({  # (s, RSS MB, fds, threads) per component
-        **samples, "wal": wal, "settings": {"minutes": args.minutes, "how": how}}))
     report(folder, args.minutes, args.warmup_minutes, how, args.sites)
 
 

@@ -4,4 +4,5 @@ import sys
 
 from rollwire.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # not when a spawned child process imports it (`rollwire run` builds its base in one)
+    sys.exit(main())

@@ -248,6 +248,11 @@ class RunRecipe(_Section):
         """The names every component of this run agrees on (`rollwire.core.identity`)."""
         return RunIdentity(name=self.name, run_dir=self.run_dir, prefix=self.topic_prefix, policy=self.policy)
 
+    def server_port(self, index: int = 0) -> int:
+        """Replica `index`'s server port. Apart from `server_settings`, which resolves the dtype with
+        torch: the supervisor, which lives as long as the run, only needs the port."""
+        return self.inference.replica_ports[index] if self.inference.replica_ports else self.inference.port
+
     def server_settings(self, index: int = 0) -> VllmServerSettings:
         """Replica `index`'s server: this recipe's `[inference]` on that replica's port, its own log
         (`vllm.log`, `vllm-1.log`, ...), with `dtype = "auto"` resolved to the trainer's."""
@@ -255,9 +260,7 @@ class RunRecipe(_Section):
         if dtype == "auto":
             from rollwire.trainer.model import resolve_device
             dtype = str(resolve_device(self.trainer.model)[1]).removeprefix("torch.")
-        own: dict[str, Any] = {"dtype": dtype}
-        if self.inference.replica_ports:
-            own["port"] = self.inference.replica_ports[index]
+        own: dict[str, Any] = {"dtype": dtype, "port": self.server_port(index)}
         if index and self.inference.log_path is not None:
             own["log_path"] = self.inference.log_path.with_name(f"{self.inference.log_path.stem}-{index}.log")
         settings = self.inference.model_dump(exclude={"replicas", "replica_ports", "stage_weights", "direct_weights", *own})

@@ -37,7 +37,7 @@ ROLES = ("replica", "scorer", "trainer", "env-worker", "dispatcher", "gateway", 
 
 def base_url(recipe: RunRecipe, index: int = 0) -> str:
     """Replica `index`'s server (the gateway's upstream is replica 0's)."""
-    return f"http://127.0.0.1:{recipe.server_settings(index).port}"
+    return f"http://127.0.0.1:{recipe.server_port(index)}"
 
 
 def run_replica(recipe: RunRecipe, log, topics: Topics, index: int) -> None:

@@ -20,6 +20,8 @@ from __future__ import annotations
 import contextlib
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -73,10 +75,26 @@ def resolve(recipe: RunRecipe) -> Path:
 
 def prepare_model(recipe: RunRecipe, console: Console) -> None:
     """Step 2: builds `<run_dir>/base` (tiny model + warm start, or the import of a GGUF file) once;
-    a finished one is kept."""
+    a finished one is kept. The build runs in a child process: torch and the warm start's
+    allocations (about 570 MB on the demo) would otherwise stay in this process, which supervises
+    the run for as long as it lasts."""
     base = Path(recipe.base_model)
     if recipe.model.path == recipe.base_model or (base / "config.json").exists():
         return
+    # A new interpreter, not multiprocessing: a spawned child would import the caller's main script.
+    # Ctrl-C reaches both; the child leaves `base.partial`, which the next try starts over.
+    child = subprocess.run([sys.executable, "-m", "rollwire.run.runner", "--build-base"],
+                           input=recipe.model_dump_json(), text=True)
+    if child.returncode != 0:
+        raise RunFailed(f"building {base} failed (exit code {child.returncode}): its error is printed above; "
+                        f"the same command tries again")
+
+
+def _build_base(recipe_json: str) -> None:
+    """`prepare_model`'s child: builds the base into `base.partial`, renamed to `base` when whole."""
+    recipe = RunRecipe.model_validate_json(recipe_json)
+    console = Console(soft_wrap=True)
+    base = Path(recipe.base_model)
     building = base.with_name(base.name + ".partial")
     shutil.rmtree(building, ignore_errors=True)
     if recipe.model.path is not None:
@@ -305,3 +323,8 @@ def _report(result: RunResult, console: Console) -> None:
                   f"[bold]{result.first10:.3f}[/] → last 10 steps [bold]{result.last10:.3f}[/]")
     console.print(f"metrics: {result.metrics_path}" + (f" · reward curve: {result.plot_path}" if result.plot_path else ""))
 
+
+if __name__ == "__main__":  # `prepare_model`'s child: the resolved recipe's JSON on standard input
+    if sys.argv[1:] != ["--build-base"]:
+        raise SystemExit("usage: python -m rollwire.run.runner --build-base < recipe.json (started by rollwire run)")
+    _build_base(sys.stdin.read())
