@@ -107,18 +107,25 @@ class LocalStore(ObjectStore):
     def _path(self, key: str) -> Path:
         return self.root / _check_key(key)
 
+    def _partial(self, target: Path) -> tuple[int, str]:
+        """A new temporary file beside `target`, in its folder (made again if a delete just took it empty)."""
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            return tempfile.mkstemp(dir=target.parent, prefix=".partial-")
+        except FileNotFoundError:  # the folder went empty between the two: once more
+            target.parent.mkdir(parents=True, exist_ok=True)
+            return tempfile.mkstemp(dir=target.parent, prefix=".partial-")
+
     def put_file(self, key: str, path: Path) -> None:
         target = self._path(key)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".partial-")
+        fd, tmp = self._partial(target)
         os.close(fd)
         shutil.copyfile(path, tmp)
         os.replace(tmp, target)
 
     def put_bytes(self, key: str, data: bytes) -> None:
         target = self._path(key)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".partial-")
+        fd, tmp = self._partial(target)
         with os.fdopen(fd, "wb") as out:
             out.write(data)
         os.replace(tmp, target)
@@ -146,15 +153,38 @@ class LocalStore(ObjectStore):
         return self._path(key).is_file()
 
     def list(self, prefix: str) -> list[str]:
-        base = self.root / prefix if prefix else self.root
-        folder = base if base.is_dir() else base.parent
-        if not folder.exists():
-            return []
-        keys = (p.relative_to(self.root).as_posix() for p in folder.rglob("*") if p.is_file())
-        return sorted(k for k in keys if k.startswith(prefix) and not Path(k).name.startswith(".partial-"))
+        # Walks only the folders a key under `prefix` can be in: listing `policy/v00000042/` reads
+        # that version's folder, not every version's, and `policy/v` reads the versions kept.
+        keys: list[str] = []
+        pending = [""]
+        while pending:
+            folder = pending.pop()
+            try:
+                entries = os.scandir(self.root / folder)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            with entries:
+                for entry in entries:
+                    key = f"{folder}{entry.name}"
+                    if entry.is_dir(follow_symlinks=False):
+                        if key.startswith(prefix) or prefix.startswith(key + "/"):
+                            pending.append(key + "/")
+                    elif key.startswith(prefix) and not entry.name.startswith(".partial-"):
+                        keys.append(key)
+        return sorted(keys)
 
     def delete(self, key: str) -> None:
-        self._path(key).unlink(missing_ok=True)
+        path = self._path(key)
+        path.unlink(missing_ok=True)
+        # An object store has no empty folders: a folder left empty goes too, or every pruned
+        # version would stay a folder that each later listing walks.
+        for folder in path.parents:
+            if folder == self.root or not folder.is_relative_to(self.root):
+                break
+            try:
+                folder.rmdir()
+            except OSError:  # not empty (or already gone, or a writer just made it)
+                break
 
     def uri(self, key: str) -> str:
         return (self.root / key).as_uri()

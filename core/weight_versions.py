@@ -239,20 +239,23 @@ def stored_version(store: ObjectStore, policy: str, version: int) -> WeightsPubl
 
 
 def delta_chain(store: ObjectStore, policy: str, version: int,
-                manifests: dict[int, Manifest] | None = None) -> list[int]:
+                bases: dict[int, int | None] | None = None) -> list[int]:
     """`version` and the versions a replica needs to rebuild it: its bases back to a snapshot
-    (newest first). `manifests` caches what was read, across calls."""
-    manifests = {} if manifests is None else manifests
+    (newest first). `bases` caches, across calls, each version's base read from its manifest
+    (None: a snapshot, or no manifest); a version's manifest never changes once published."""
+    bases = {} if bases is None else bases
     chain = [version]
     while True:
-        if chain[-1] not in manifests:
+        if chain[-1] not in bases:
             try:
                 data = store.get_bytes(version_prefix(policy, chain[-1]) + "/" + MANIFEST_NAME)
             except ObjectNotFoundError:
-                return chain
-            manifests[chain[-1]] = Manifest.model_validate_json(data)
-        base = manifests[chain[-1]].base_version
-        if manifests[chain[-1]].encoding != "delta" or base is None:
+                bases[chain[-1]] = None
+            else:
+                manifest = Manifest.model_validate_json(data)
+                bases[chain[-1]] = manifest.base_version if manifest.encoding == "delta" else None
+        base = bases[chain[-1]]
+        if base is None:
             return chain
         chain.append(base)
 

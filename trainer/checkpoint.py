@@ -149,10 +149,20 @@ def _commit(folder: Path, name: str, state: TrainerState, keep: int, write_weigh
     _fsync_tree(partial)
     shutil.rmtree(final, ignore_errors=True)
     os.replace(partial, final)
-    for old in _complete(folder)[:-keep]:
-        if not (keep_every and _kept_for_good(old.name, keep_every)):
-            shutil.rmtree(old, ignore_errors=True)
+    _prune(folder, keep, keep_every)
     return final
+
+
+def _prune(folder: Path, keep: int, keep_every: int) -> None:
+    """Deletes the complete checkpoints older than the newest `keep`, but those kept for good. It
+    reads the folder's names and opens only the newest and the ones it deletes: a run that kept a
+    checkpoint every few steps for days does not pay, each step, for every one it kept."""
+    newer = 0
+    for name in reversed(_names(folder)):
+        if newer < keep:
+            newer += (folder / name / "state.json").exists()
+        elif not (keep_every and _kept_for_good(name, keep_every)) and (folder / name / "state.json").exists():
+            shutil.rmtree(folder / name, ignore_errors=True)
 
 
 def _kept_for_good(name: str, keep_every: int) -> bool:
@@ -161,11 +171,18 @@ def _kept_for_good(name: str, keep_every: int) -> bool:
     return step.isdigit() and int(step) % keep_every == 0
 
 
-def _complete(folder: Path) -> list[Path]:
-    """Finished checkpoints, oldest first (names sort by step, then by commit)."""
-    if not folder.exists():
+def _names(folder: Path) -> list[str]:
+    """The names of the checkpoints in `folder`, finished or not, oldest first (they sort by step, then by commit)."""
+    try:
+        with os.scandir(folder) as entries:
+            return sorted(e.name for e in entries if e.name.startswith("step-") and not e.name.endswith(".partial"))
+    except FileNotFoundError:
         return []
-    return sorted(p for p in folder.glob("step-*") if not p.name.endswith(".partial") and (p / "state.json").exists())
+
+
+def _complete(folder: Path) -> list[Path]:
+    """Finished checkpoints, oldest first."""
+    return [folder / name for name in _names(folder) if (folder / name / "state.json").exists()]
 
 
 def mark_sent(path: Path) -> None:
@@ -179,8 +196,10 @@ def outbox_sent(path: Path) -> bool:
 
 def latest(folder: Path) -> Path | None:
     """The newest complete checkpoint, or None."""
-    done = _complete(folder)
-    return done[-1] if done else None
+    for name in reversed(_names(folder)):
+        if (folder / name / "state.json").exists():
+            return folder / name
+    return None
 
 
 def load_state(path: Path) -> TrainerState:

@@ -48,7 +48,7 @@ from rollwire.trainer import checkpoint
 from rollwire.trainer.batches import Batch, BatchConsumer
 from rollwire.trainer.distributed import Shard
 from rollwire.trainer.model import resolve_device, save_model
-from rollwire.trainer.retention import InUse, apply_retention
+from rollwire.trainer.retention import InUse, Retention
 from rollwire.trainer.settings import TrainerSettings
 from rollwire.trainer.step import Objectives, StepResult, train_step
 
@@ -125,6 +125,7 @@ class Trainer:
         """Where each step's metrics are reported once its commit is sent (`rollwire.core.trackers`)."""
         self.in_use = InUse(log, topics, settings.policy) if settings.retention.keep_last is not None else None
         """Versions replicas serve or serving decisions name: never pruned (`rollwire.trainer.retention`)."""
+        self.retention = Retention(self.store, settings.policy, settings.retention)
         self._staleness = metrics.staleness_histogram()
         self._step_duration = metrics.seconds_histogram("rollwire.trainer.step.duration",
                                                         "seconds per trainer step, from batch to commit")
@@ -191,8 +192,7 @@ class Trainer:
             # Step 6
             self._send_outbox(saved)
         if weights is not None and self.in_use is not None:
-            apply_retention(self.store, self.settings.policy, self.settings.retention, weights.version,
-                            self.in_use.versions())
+            self.retention.apply(weights.version, self.in_use.versions())
         self._ready_since = time.monotonic()
         self._step_duration.record(self._ready_since - started)
         for scored in batch.rollouts:

@@ -62,21 +62,39 @@ class InUse:
         self._follower.close()
 
 
-def apply_retention(store: ObjectStore, policy: str, settings: RetentionSettings, newest: int,
-                    in_use: set[int]) -> list[int]:
-    """Prunes the versions of `policy` neither the policy nor `in_use` keeps; returns them."""
-    if settings.keep_last is None:
-        return []
-    stored = stored_versions(store, policy)
-    kept = {v for v in stored if v >= newest or settings.keeps(v, newest) or v in in_use}
-    manifests: dict = {}
-    needed = {base for v in kept for base in delta_chain(store, policy, v, manifests)}  # what a delta is rebuilt from
-    pruned = []
-    for version in stored:
-        if version not in needed:
-            prune_version(store, policy, version)
-            pruned.append(version)
-    if pruned:
-        logger.info("retention: pruned versions %s of %s (newest %d; in use %s)", pruned, policy, newest,
-                    sorted(in_use) or "none")
-    return pruned
+class Retention:
+    """The trainer's pruning of the versions it published. It lists the store once (and again every
+    `relist_every` publishes, to see versions written by anyone else) and remembers each kept
+    version's delta base, so a publish reads only the newest version's manifest: a run that keeps
+    a version for good every few steps does not pay, each step, for every version it kept. What it
+    holds is one entry per version in the store (two ints), bounded by the retention policy."""
+
+    def __init__(self, store: ObjectStore, policy: str, settings: RetentionSettings, relist_every: int = 100) -> None:
+        self.store, self.policy, self.settings = store, policy, settings
+        self.relist_every = relist_every
+        self._stored: set[int] | None = None
+        self._bases: dict[int, int | None] = {}
+        self._since_listed = 0
+
+    def apply(self, newest: int, in_use: set[int]) -> list[int]:
+        """Prunes the versions of the policy neither the settings nor `in_use` keep, `newest` just
+        published; returns them, ascending."""
+        if self.settings.keep_last is None:
+            return []
+        if self._stored is None or self._since_listed >= self.relist_every:
+            self._stored = set(stored_versions(self.store, self.policy))
+            self._bases = {v: base for v, base in self._bases.items() if v in self._stored}
+            self._since_listed = 0
+        self._since_listed += 1
+        self._stored.add(newest)
+        kept = {v for v in self._stored if v >= newest or self.settings.keeps(v, newest) or v in in_use}
+        needed = {base for v in kept for base in delta_chain(self.store, self.policy, v, self._bases)}  # what a delta is rebuilt from
+        pruned = sorted(self._stored - needed)
+        for version in pruned:
+            prune_version(self.store, self.policy, version)
+            self._stored.discard(version)
+            self._bases.pop(version, None)
+        if pruned:
+            logger.info("retention: pruned versions %s of %s (newest %d; in use %s)", pruned, self.policy, newest,
+                        sorted(in_use) or "none")
+        return pruned

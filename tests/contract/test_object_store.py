@@ -61,6 +61,30 @@ def test_objects_round_trip_and_list(store, tmp_path):
         store.put_bytes("../escape", b"x")
 
 
+def test_a_prefix_lists_the_keys_that_start_with_it_and_a_deleted_folder_is_gone(store, tmp_path):
+    for version in (1, 2, 10, 11):
+        store.put_bytes(f"p/v{version:02d}/manifest.json", b"{}")
+        store.put_bytes(f"p/v{version:02d}/model.bin", b"w")
+    store.put_bytes("p/other.txt", b"o")
+    store.put_bytes("q/v10/manifest.json", b"{}")
+    assert store.list("p/v1") == ["p/v10/manifest.json", "p/v10/model.bin", "p/v11/manifest.json", "p/v11/model.bin"]
+    assert store.list("p/v10/") == ["p/v10/manifest.json", "p/v10/model.bin"]
+    assert store.list("p/v10/man") == ["p/v10/manifest.json"]
+    assert store.list("p/x") == [] and store.list("none/") == []
+    assert len(store.list("")) == 10
+    for key in store.list("p/v1"):
+        store.delete(key)
+    assert store.list("p/") == ["p/other.txt", "p/v01/manifest.json", "p/v01/model.bin",
+                                "p/v02/manifest.json", "p/v02/model.bin"]
+    if hasattr(store, "root"):  # a local folder: no empty folder stays for every later listing to walk
+        assert sorted(p.name for p in (store.root / "p").iterdir()) == ["other.txt", "v01", "v02"]
+        for key in store.list("q/"):
+            store.delete(key)
+        assert not (store.root / "q").exists() and store.root.is_dir()
+    store.put_bytes("q/v10/manifest.json", b"again")  # a folder a delete took comes back with a put
+    assert store.get_bytes("q/v10/manifest.json") == b"again"
+
+
 def test_a_published_checkpoint_fetches_verified(store, checkpoint, tmp_path):
     writes = []
     for method in ("put_file", "put_bytes"):
@@ -200,14 +224,36 @@ def test_a_delta_on_a_base_that_is_not_the_one_published_is_refused(store, tmp_p
 
 
 def test_retention_keeps_the_versions_a_kept_delta_is_rebuilt_from(store, tmp_path):
-    from rollwire.trainer.retention import apply_retention
+    from rollwire.trainer.retention import Retention
     from rollwire.trainer.settings import RetentionSettings
     run = Versions(store, tmp_path / "trainer", snapshot_every=4)
     for version in range(1, 8):
         run.publish(version)  # snapshots 1 and 5
-    pruned = apply_retention(store, "p", RetentionSettings(keep_last=2), 7, in_use={3})
+    pruned = Retention(store, "p", RetentionSettings(keep_last=2)).apply(7, in_use={3})
     assert pruned == [4] and stored_versions(store, "p") == [1, 2, 3, 5, 6, 7]
     assert delta_chain(store, "p", 7) == [7, 6, 5] and delta_chain(store, "p", 3) == [3, 2, 1]
     done = run.published[3]
     fetch(store, done.uri, done.manifest_sha256, tmp_path / "v3")
     assert (tmp_path / "v3/model.safetensors").read_bytes() == run.file(3)
+
+
+def test_retention_over_a_run_reads_each_manifest_once_and_keeps_what_a_fresh_look_keeps(store, tmp_path):
+    from rollwire.trainer.retention import Retention
+    from rollwire.trainer.settings import RetentionSettings
+    settings = RetentionSettings(keep_last=3, keep_every=10)
+    run = Versions(store, tmp_path / "trainer", snapshot_every=4)
+    read = []
+    get_bytes = store.get_bytes
+    store.get_bytes = lambda key: (read.append(key), get_bytes(key))[1]
+    retention = Retention(store, "p", settings, relist_every=7)
+    for version in range(1, 41):
+        run.publish(version)
+        retention.apply(version, in_use={5} if version < 20 else set())
+    # each manifest read once, though every kept version's chain is walked at every publish
+    manifests = [key for key in read if key.endswith("manifest.json")]
+    assert len(manifests) == len(set(manifests)) <= 40, manifests
+    store.get_bytes = get_bytes
+    kept = {v for v in range(1, 41) if settings.keeps(v, 40)}
+    needed = {base for v in kept for base in delta_chain(store, "p", v)}
+    assert stored_versions(store, "p") == sorted(needed) and 5 not in needed and {10, 20, 30, 40} <= needed
+    assert Retention(store, "p", settings).apply(40, in_use=set()) == []  # a fresh look prunes nothing more

@@ -53,7 +53,7 @@ async function loadSummary() {
     · drops: ${esc(drops)} · ${s.replicas} replica(s)` + (s.unreadable ? ` · <span class="error">${s.unreadable} records unreadable</span>` : "")
     + (s.forgotten ? ` · ${s.forgotten} older rollouts not listed` : "")
     + (s.caught_up ? "" : ` · <span id="reading">reading the log: ${s.behind.toLocaleString()} records to go</span>`);
-  if (s.caught_up && state.caughtUp !== true) state.since = 0;  // the curves again, whole: rollouts read after their steps
+  if (s.caught_up && state.caughtUp !== true) state.whole = true;  // the curves again, whole: rollouts read after their steps
   state.caughtUp = s.caught_up;
   const select = $("#rollout-filters select[name=environment]");
   for (const env of s.environments) {
@@ -115,16 +115,19 @@ function drawCurves() {
 
 async function loadCurves() {
   // Every 15th poll takes the whole curves again: rollouts read after their step (a run read from
-  // its beginning) fill in the per-environment rewards of steps already drawn.
+  // its beginning) fill in the per-environment rewards of steps already drawn. Whether this fetch
+  // is whole is decided before it goes out, so a summary read meanwhile cannot turn a partial
+  // answer into the whole curves.
   state.polls = (state.polls || 0) + 1;
-  if (state.polls % 15 === 0) state.since = 0;
-  const fresh = await api(`api/curves?since=${state.since}`);
+  const whole = state.whole || state.since === 0 || state.polls % 15 === 0;
+  state.whole = false;
+  const fresh = await api(`api/curves?since=${whole ? 0 : state.since}`);
   const c = state.curves;
-  if (state.since === 0) for (const key of ["steps", "drops", "reloads", "lag"]) c[key] = [];
+  if (whole) for (const key of ["steps", "drops", "reloads", "lag"]) c[key] = [];
   for (const key of ["steps", "drops", "reloads", "lag"]) c[key].push(...fresh[key]);
   const latest = [c.steps, c.drops, c.reloads, c.lag].map((rows) => (rows.length ? rows[rows.length - 1].time_ms : 0));
-  state.since = Math.max(state.since, ...latest);
-  if (Object.values(fresh).some((rows) => rows.length) || !Object.keys(state.charts).length) drawCurves();
+  state.since = Math.max(whole ? 0 : state.since, ...latest);
+  if (whole || Object.values(fresh).some((rows) => rows.length) || !Object.keys(state.charts).length) drawCurves();
 }
 
 // -- rollouts --------------------------------------------------------------------------------------
@@ -275,9 +278,17 @@ document.addEventListener("DOMContentLoaded", () => {
   $("#steps-prev").addEventListener("click", () => { state.stepOffset = Math.max(0, state.stepOffset - state.pageSize); loadSteps(); });
   $("#steps-next").addEventListener("click", () => { state.stepOffset += state.pageSize; loadSteps(); });
   $("#replay-list").addEventListener("click", (e) => { const li = e.target.closest("li[data-name]"); if (li) openReplay(li.dataset.name).catch(showError); });
-  const tick = () => Promise.all([loadSummary(), loadCurves()]).catch(showError);
+  // One poll at a time, the summary before the curves: a slow answer never overlaps the next poll.
+  const tick = async () => {
+    try {
+      await loadSummary();
+      await loadCurves();
+    } catch (err) {
+      showError(err);
+    }
+    setTimeout(tick, 2000);
+  };
   tick();
-  setInterval(tick, 2000);
   setInterval(() => { if (state.view !== "curves") refreshView(); }, 5000);
   const fromHash = () => { const view = location.hash.replace("#", ""); if (document.getElementById(`view-${view}`)) show(view); };
   window.addEventListener("hashchange", fromHash);
