@@ -115,6 +115,21 @@ def wal_mb(run_dir: Path) -> tuple[float, float, str]:
     return sum(sizes.values()), sizes.get(biggest, 0.0), biggest
 
 
+def disk_mb(run_dir: Path) -> dict[str, float]:
+    """The size (MB) of each folder of the run directory: the weights kept, the trainer's
+    checkpoints, the log, the components' logs. A run of days needs its disk bounded too."""
+    def size(path: str) -> int:
+        total = 0
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(path) as entries:
+            for entry in entries:  # a folder the trainer or the retention removes meanwhile is skipped
+                with contextlib.suppress(FileNotFoundError):
+                    total += size(entry.path) if entry.is_dir(follow_symlinks=False) else entry.stat().st_size
+        return total
+    with contextlib.suppress(FileNotFoundError), os.scandir(run_dir) as entries:
+        return {entry.name: size(entry.path) / 1e6 for entry in entries if entry.is_dir(follow_symlinks=False)}
+    return {}
+
+
 def slope_per_hour(points: list[tuple[float, float]]) -> float:
     """Least-squares slope of (seconds, value) points, per hour."""
     n = len(points)
@@ -161,6 +176,7 @@ def main() -> None:
                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     samples: dict[str, list[tuple[float, float, int, int]]] = defaultdict(list)  # name -> (t, rss MB, fds, threads)
     wal: list[tuple[float, float, float, str]] = []  # (t, all WALs MB, the largest MB, its topic)
+    disk: list[tuple[float, dict[str, float]]] = []  # (t, MB per folder of the run directory), once a minute
     started = time.monotonic()
     metrics = folder / "run" / "metrics.jsonl"
     try:
@@ -184,6 +200,8 @@ def main() -> None:
                 if rss:
                     samples[name].append((elapsed, rss, fds, threads))
             wal.append((elapsed, *wal_mb(folder / "run")))
+            if not disk or elapsed - disk[-1][0] >= 60:
+                disk.append((elapsed, disk_mb(folder / "run")))
             time.sleep(args.every)
     finally:
         run.send_signal(signal.SIGINT)
@@ -195,7 +213,7 @@ def main() -> None:
             stop_broker()
         how = f"{args.bus} log, a sample every {args.every:g} s"
         (folder / "samples.json").write_text(json.dumps({  # (s, RSS MB, fds, threads) per component; kept if it failed
-            **samples, "wal": wal, "settings": {"minutes": args.minutes, "how": how}}))
+            **samples, "wal": wal, "disk": disk, "settings": {"minutes": args.minutes, "how": how}}))
 
     report(folder, args.minutes, args.warmup_minutes, how, args.sites)
 
@@ -205,6 +223,7 @@ def report(folder: Path, minutes: float, warmup_minutes: float, how: str = "", s
     after warm-up, the timeline, the rate held, the `RESULT` line."""
     saved = json.loads((folder / "samples.json").read_text())
     wal = saved.pop("wal", [])
+    disk = saved.pop("disk", [])
     saved.pop("settings", None)
     samples = {name: [tuple(s) for s in rows] for name, rows in saved.items()}
     rows = [json.loads(line) for line in (folder / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -237,6 +256,12 @@ def report(folder: Path, minutes: float, warmup_minutes: float, how: str = "", s
         largest = max(wal, key=lambda w: w[2])
         print(f"SQLite write-ahead logs: {after[0][1]:.0f} MB after warm-up, {wal[-1][1]:.0f} MB at the end; the largest "
               f"seen: {largest[3]} {largest[2]:.0f} MB at minute {largest[0] / 60:.0f}")
+    if disk:
+        after = [d for d in disk if d[0] >= warm] or disk
+        print("disk MB per folder of the run directory (after warm-up -> at the end, the fit per hour): " + ", ".join(
+            f"{name} {after[0][1].get(name, 0):.0f} -> {after[-1][1].get(name, 0):.0f} "
+            f"({slope_per_hour([(t, sizes.get(name, 0.0)) for t, sizes in after]) if len(after) >= 3 else 0:+.0f}/h)"
+            for name in sorted(after[-1][1])))
     print(f"steps: {len(rows)}; trained rollouts per minute, last quarter vs first quarter after warm-up: {rate:.2f}")
     if sites:
         print_sites(folder / "run" / "memory")
