@@ -24,6 +24,8 @@ import logging
 import sys
 from array import array
 from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
 
 from rollwire.core import metrics
 
@@ -114,3 +116,17 @@ class RecentKeys:
 
     def __len__(self) -> int:
         return len(self._order)
+
+
+@dataclass
+class Points:
+    """A series (a curve's points) of at most `limit` points: past it, every other point is dropped (the curve
+    keeps its shape at half the resolution)."""
+
+    limit: int
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        if len(self.rows) > self.limit:
+            self.rows = self.rows[::2]

@@ -88,7 +88,8 @@ class Retention:
         self._since_listed += 1
         self._stored.add(newest)
         kept = {v for v in self._stored if v >= newest or self.settings.keeps(v, newest) or v in in_use}
-        needed = {base for v in kept for base in delta_chain(self.store, self.policy, v, self._bases)}  # what a delta is rebuilt from
+        # what each kept version's delta is rebuilt from
+        needed = {base for v in kept for base in delta_chain(self.store, self.policy, v, self._bases)}
         pruned = sorted(self._stored - needed)
         for version in pruned:
             prune_version(self.store, self.policy, version)

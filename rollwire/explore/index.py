@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from rollwire.core import bounds
@@ -114,20 +114,6 @@ class Query:
                 and (self.text is None or self.text in row.rollout_id or self.text in row.group_id))
 
 
-@dataclass
-class Points:
-    """A time series of at most `limit` points: past it, every other point is dropped (the curve
-    keeps its shape at half the resolution)."""
-
-    limit: int
-    rows: list[dict[str, Any]] = field(default_factory=list)
-
-    def add(self, row: dict[str, Any]) -> None:
-        self.rows.append(row)
-        if len(self.rows) > self.limit:
-            self.rows = self.rows[::2]
-
-
 def _ends(log: EventLog, names: list[str]) -> dict[tuple[str, int], int]:
     """Where each partition of `names` ends now (topics not created yet: nothing to catch up on)."""
     ends: dict[tuple[str, int], int] = {}
@@ -161,21 +147,21 @@ class RunIndex:
         self._early: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
         """Facts read before their rollout's record (at most `max_rollouts` rollouts' worth)."""
         self.forgotten = 0
-        self.steps = Points(max_points)
+        self.steps = bounds.Points(max_points)
         self.step_rows: dict[int, dict[str, Any]] = {}
         """Each step's row by step number (the latest `max_points` steps)."""
         self.env_rewards: dict[int, dict[str, tuple[float, int]]] = {}
         """Per step, per environment: the reward (with group rewards) summed over its trained rollouts,
         and their count."""
         self.drops: collections.Counter[str] = collections.Counter()
-        self.drop_points = Points(max_points)
+        self.drop_points = bounds.Points(max_points)
         self.replicas: dict[str, dict[str, Any]] = {}
-        self.reloads = Points(max_points)
+        self.reloads = bounds.Points(max_points)
         self.served_at: dict[int, dict[str, int]] = {}
         """Per weight version: when each replica first served it (epoch ms)."""
-        self.versions = Points(max_points)
+        self.versions = bounds.Points(max_points)
         self.decisions: collections.deque[dict[str, Any]] = collections.deque(maxlen=1000)
-        self.lag = Points(max_points)
+        self.lag = bounds.Points(max_points)
         self._probe = LagProbe(log, [(topics.group("env-worker"), topics.tasks),
                                      (topics.group("scorer"), topics.rollouts),
                                      (topics.group("joiner"), topics.served)])

@@ -8,6 +8,7 @@ first step, and `rollwire run` shows the same figures whether it started the run
 
 from __future__ import annotations
 
+import collections
 import json
 import time
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from rich.table import Table
 
+from rollwire.core import bounds
 from rollwire.core.bus import Beginning, BusError, EventLog
 from rollwire.core.metrics import LagProbe
 from rollwire.core.trackers import step_metrics
@@ -24,6 +26,13 @@ from rollwire.schemas.topics import Topics
 from rollwire.schemas.training import TrainStepCompleted
 from rollwire.schemas.weights import ReplicaStatus
 
+RECENT_STEPS = 100
+"""Steps whose metrics the display keeps whole (its last-10 figures and rate)."""
+FIRST_STEPS = 10
+CURVE_STEPS = 4000
+"""Most steps the reward curve holds (~2.5 KB each): a 2-hour soak's supervisor grew 10 MB an hour
+while it kept every step's metrics."""
+
 
 @dataclass
 class RunProgress:
@@ -32,7 +41,12 @@ class RunProgress:
     log: EventLog
     topics: Topics
     metrics_path: Path | None = None
-    rows: list[dict] = field(default_factory=list)
+    rows: collections.deque[dict] = field(default_factory=lambda: collections.deque(maxlen=RECENT_STEPS))
+    """The newest steps' metrics (every step's is in `metrics_path`): a run of days holds no more."""
+    curve: bounds.Points = field(default_factory=lambda: bounds.Points(CURVE_STEPS))
+    """Every step's metrics for the reward curve, every other one dropped past `CURVE_STEPS`."""
+    first: list[dict] = field(default_factory=list)
+    """The first `FIRST_STEPS` steps' metrics (the curve's start, as the summary quotes it)."""
     serving: dict[str, int | None] = field(default_factory=dict)
     """Version each replica serves, by replica id."""
     replica_state: dict[str, str] = field(default_factory=dict)
@@ -90,7 +104,11 @@ class RunProgress:
             elif isinstance(event, SamplingStarted):
                 self.started += 1
         new.sort(key=lambda row: row["step"])
-        self.rows += new
+        for row in new:
+            self.rows.append(row)
+            self.curve.add(row)
+            if len(self.first) < FIRST_STEPS:
+                self.first.append(row)
         self._read_lag()
         if self.metrics_path is not None and new:
             self._out.writelines(json.dumps(row) + "\n" for row in new)
@@ -112,12 +130,14 @@ class RunProgress:
         return self.rows[-1]["step"] if self.rows else 0
 
     def mean_reward(self, first: int | None = None, last: int | None = None) -> float | None:
-        rows = self.rows[:first] if first else self.rows[-last:] if last else self.rows
+        if (first or 0) > FIRST_STEPS or (last or 0) > RECENT_STEPS:
+            raise ValueError(f"the progress keeps the first {FIRST_STEPS} and the last {RECENT_STEPS} steps whole")
+        rows = self.first[:first] if first else list(self.rows)[-last:] if last else self.curve.rows
         return sum(r["reward_mean"] for r in rows) / len(rows) if rows else None
 
     def throughput(self, window: int = 10) -> float | None:
         """Rollouts trained per second over the last `window` steps."""
-        rows = self.rows[-(window + 1):]
+        rows = list(self.rows)[-(window + 1):]
         if len(rows) < 2:
             return None
         seconds = (rows[-1]["time_ms"] - rows[0]["time_ms"]) / 1000

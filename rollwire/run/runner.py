@@ -206,7 +206,7 @@ def run(recipe: RunRecipe, *, metrics_out: Path | None = None, console: Console 
     plot_path = None
     if progress.rows:
         try:
-            plot_path = plot(progress.rows, recipe.run_dir / "reward_curve.png", title=f"rollwire run: {recipe.name}")
+            plot_path = plot(progress.curve.rows, recipe.run_dir / "reward_curve.png", title=f"rollwire run: {recipe.name}")
         except ImportError:
             console.print("[yellow]no reward curve: matplotlib is not installed (pip install matplotlib)")
     result = RunResult(progress.step, progress.mean_reward(first=10), progress.mean_reward(last=10), metrics_path,

@@ -202,8 +202,32 @@ def test_progress_rebuilds_metrics_from_the_log_and_draws_the_curve(tmp_path):
     assert "3/10" in shown and "0.300 now" in shown and "r0 v3 (serving)" in shown and "unreadable" in shown
     assert "1 published · 0 errored · 2 sampling now" in shown
     assert "r1 v3 (serving, last load 0.15 s directly (paused 50 ms: drain 2, apply 45))" in shown
-    png = plot(progress.rows, tmp_path / "curve.png")
+    png = plot(progress.curve.rows, tmp_path / "curve.png")
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_progress_holds_a_bounded_part_of_a_long_runs_steps_and_writes_every_one(tmp_path, monkeypatch):
+    from rollwire.run import progress as module
+    monkeypatch.setattr(module, "CURVE_STEPS", 64)
+    topics = Topics("long")
+    log = open_log(EmbeddedBusSettings(path=tmp_path / "log"))
+    log.create_topics(catalog_topics(topics))
+    producer = EventProducer(log.producer(), topics, name="test")
+    steps = 3 * module.RECENT_STEPS
+    for step in range(1, steps + 1):
+        producer.send(topics.train, TrainStepCompleted(step=step, policy_version=step, rollout_ids=["a"],
+                                                       reward_mean=step / steps), key="policy")
+    producer.flush()
+    metrics = tmp_path / "m.jsonl"
+    progress = RunProgress(log, topics, metrics)
+    while progress.poll(0.3):
+        pass
+    progress.close()
+    assert len(metrics.read_text().splitlines()) == steps  # the file has every step
+    assert len(progress.rows) == module.RECENT_STEPS and progress.step == steps
+    assert len(progress.curve.rows) <= 64 and progress.curve.rows[0]["step"] == 1
+    assert progress.mean_reward(first=10) == pytest.approx(5.5 / steps)
+    assert progress.mean_reward(last=10) == pytest.approx((steps - 4.5) / steps)
 
 
 def test_a_run_that_stands_still_names_the_stage_that_stopped_first(tmp_path):
