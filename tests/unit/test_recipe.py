@@ -160,6 +160,13 @@ def test_a_tied_embedding_model_trains_full_weight(tmp_path):
     assert loaded.model.tiny.tie_embeddings and loaded.trainer.model.lora is None
 
 
+def _read_to_the_end(progress: RunProgress) -> RunProgress:
+    while progress.poll(0.3):
+        pass
+    progress.close()
+    return progress
+
+
 def test_progress_rebuilds_metrics_from_the_log_and_draws_the_curve(tmp_path):
     topics = Topics("p")
     log = open_log(EmbeddedBusSettings(path=tmp_path / "log"))
@@ -183,10 +190,7 @@ def test_progress_rebuilds_metrics_from_the_log_and_draws_the_curve(tmp_path):
     raw.close()
 
     metrics = tmp_path / "m.jsonl"
-    progress = RunProgress(log, topics, metrics)
-    while progress.poll(0.3):
-        pass
-    progress.close()
+    progress = _read_to_the_end(RunProgress(log, topics, metrics))
     rows = [__import__("json").loads(line) for line in metrics.read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3] and rows[2]["reward_mean"] == pytest.approx(0.3)
     assert rows[0]["metric/completion_tokens"] == 4.0 and rows[0]["wait_s"] == 0.2
@@ -219,10 +223,7 @@ def test_progress_holds_a_bounded_part_of_a_long_runs_steps_and_writes_every_one
                                                        reward_mean=step / steps), key="policy")
     producer.flush()
     metrics = tmp_path / "m.jsonl"
-    progress = RunProgress(log, topics, metrics)
-    while progress.poll(0.3):
-        pass
-    progress.close()
+    progress = _read_to_the_end(RunProgress(log, topics, metrics))
     assert len(metrics.read_text().splitlines()) == steps  # the file has every step
     assert len(progress.rows) == module.RECENT_STEPS and progress.step == steps
     assert len(progress.curve.rows) <= 64 and progress.curve.rows[0]["step"] == 1
