@@ -13,7 +13,9 @@ same run (1.0 = held). The run is stopped as Ctrl-C would stop it at the end. A 
 the run's last third tells a bound that fills (growth that stops) from a leak (growth that goes
 on), and a timeline in eight spans shows each component's RSS beside the loop's rate, stale
 share, staleness and the trainer's wait for a batch. The last line is `RESULT ...`. `--report
-FOLDER` prints a finished soak's report again from its files.
+FOLDER` prints a finished soak's report again from its files. Once a minute it also reads each
+component's CPU seconds and the machine's busy and stolen time: a table per span says where the
+CPU went, and the run's CPU milliseconds per trainer step.
 
 `--sites` also traces every component's Python allocations (`[telemetry.memory_sites]`,
 `rollwire.core.memory_sites`) and prints, per component, the allocation sites that grew most
@@ -73,6 +75,25 @@ def usage(processes: list[psutil.Process]) -> tuple[float, int, int]:
             fds += proc.num_fds()
             threads += proc.num_threads()
     return rss, fds, threads
+
+
+def cpu_seconds(processes: list[psutil.Process]) -> float:
+    """User and system CPU seconds used so far, summed over `processes`."""
+    total = 0.0
+    for proc in processes:
+        with contextlib.suppress(psutil.Error):
+            times = proc.cpu_times()
+            total += times.user + times.system
+    return total
+
+
+def machine_cpu() -> dict[str, float]:
+    """The machine's CPU seconds since boot: busy (all but idle and iowait), and stolen by the
+    hypervisor (a neighbour's load on a shared host shows here, and slows every component alike)."""
+    times = psutil.cpu_times()
+    idle = times.idle + getattr(times, "iowait", 0.0)
+    steal = getattr(times, "steal", 0.0)
+    return {"busy": sum(times) - idle - steal, "steal": steal}
 
 
 def traced_recipe(recipe: str | None, folder: Path, warmup_s: float, every_s: float) -> str:
@@ -177,6 +198,7 @@ def main() -> None:
     samples: dict[str, list[tuple[float, float, int, int]]] = defaultdict(list)  # name -> (t, rss MB, fds, threads)
     wal: list[tuple[float, float, float, str]] = []  # (t, all WALs MB, the largest MB, its topic)
     disk: list[tuple[float, dict[str, float]]] = []  # (t, MB per folder of the run directory), once a minute
+    cpu: list[tuple[float, dict[str, float]]] = []  # (t, CPU seconds so far per component, and the machine's)
     started = time.monotonic()
     metrics = folder / "run" / "metrics.jsonl"
     try:
@@ -199,6 +221,12 @@ def main() -> None:
                 rss, fds, threads = usage(processes)  # `rollwire run` itself, and the broker this started
                 if rss:
                     samples[name].append((elapsed, rss, fds, threads))
+            if not cpu or elapsed - cpu[-1][0] >= 60:
+                used = {name: cpu_seconds(processes) for name, processes in components(parent).items()}
+                used["supervisor"] = cpu_seconds([parent])
+                if broker:
+                    used["kafka-broker"] = cpu_seconds(broker)
+                cpu.append((elapsed, {**used, **{f"machine.{k}": v for k, v in machine_cpu().items()}}))
             wal.append((elapsed, *wal_mb(folder / "run")))
             if not disk or elapsed - disk[-1][0] >= 60:
                 disk.append((elapsed, disk_mb(folder / "run")))
@@ -213,7 +241,7 @@ def main() -> None:
             stop_broker()
         how = f"{args.bus} log, a sample every {args.every:g} s"
         (folder / "samples.json").write_text(json.dumps({  # (s, RSS MB, fds, threads) per component; kept if it failed
-            **samples, "wal": wal, "disk": disk, "settings": {"minutes": args.minutes, "how": how}}))
+            **samples, "wal": wal, "disk": disk, "cpu": cpu, "settings": {"minutes": args.minutes, "how": how}}))
 
     report(folder, args.minutes, args.warmup_minutes, how, args.sites)
 
@@ -224,6 +252,7 @@ def report(folder: Path, minutes: float, warmup_minutes: float, how: str = "", s
     saved = json.loads((folder / "samples.json").read_text())
     wal = saved.pop("wal", [])
     disk = saved.pop("disk", [])
+    cpu = saved.pop("cpu", [])
     saved.pop("settings", None)
     samples = {name: [tuple(s) for s in rows] for name, rows in saved.items()}
     rows = [json.loads(line) for line in (folder / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -250,6 +279,7 @@ def report(folder: Path, minutes: float, warmup_minutes: float, how: str = "", s
     print("(growth/h: the fit from the warm-up's end, as a share of the size then; last third: the fit over the "
           "run's last third, where the bounds that fill have filled)")
     print_timeline(samples, rows, first_step_at, total)
+    print_cpu(cpu, rows, first_step_at, total)
     rate = _rate_held(rows, warm, total, first_step_at)
     if wal and wal[-1][1]:
         after = [w for w in wal if w[0] >= warm] or wal
@@ -295,6 +325,32 @@ def print_timeline(samples: dict[str, list[tuple]], rows: list[dict], first_step
               f"{(sum(staleness) / len(staleness) if staleness else float('nan')):9.2f} "
               f"{(sum(waits) / len(waits) if waits else float('nan')):7.2f}")
     print("(RSS MB per component at each span's end; the loop's figures over the span)")
+
+
+def print_cpu(cpu: list[tuple[float, dict[str, float]]], rows: list[dict], first_step_at: float | None,
+              total: float, windows: int = 8) -> None:
+    """CPU cores each component used in each of `windows` spans (from its CPU seconds, sampled once a
+    minute), the machine's busy and stolen cores, and CPU milliseconds per trainer step: a component
+    whose work per step grows, or a host that slows everything, looks different here."""
+    if len(cpu) < 2 or first_step_at is None:
+        return
+    span = total / windows
+    names = sorted({name for _, used in cpu for name in used if not name.startswith("machine.")})
+    print(f"\n{'minute':<8}" + "".join(f"{n[:13]:>14}" for n in names) + f"{'machine busy':>13} {'steal':>6} "
+          f"{'ms/step':>8}")
+    for end in (span * (i + 1) for i in range(windows)):
+        inside = [c for c in cpu if end - span <= c[0] <= end]
+        if len(inside) < 2:
+            continue
+        (t0, a), (t1, b) = inside[0], inside[-1]
+
+        def cores(name: str) -> float:
+            return (b.get(name, 0.0) - a.get(name, 0.0)) / (t1 - t0) if name in a and name in b else float("nan")
+        steps = sum(1 for r in rows if t0 <= r["time_ms"] / 1000 - first_step_at < t1)
+        used = sum(b.get(n, 0.0) - a.get(n, 0.0) for n in names if n in a and n in b)
+        print(f"{end / 60:<8.0f}" + "".join(f"{cores(n):14.2f}" for n in names)
+              + f"{cores('machine.busy'):13.2f} {cores('machine.steal'):6.2f} {1000 * used / max(steps, 1):8.0f}")
+    print("(CPU cores per component over each span; ms/step: the run's CPU time, all components, per trainer step)")
 
 
 def _rate_held(rows: list[dict], warm: float, total: float, first_step_at: float | None) -> float:

@@ -7,7 +7,7 @@
                                                                         (gradient accumulation)
     under torchrun:         each rank the micro-batches of its share; gradients summed over ranks
     non-finite loss?        drop the gradients, skip the step, say so
-    clip the gradient norm, optimizer step
+    clip the gradient norm, optimizer step (held when the gradient is exactly zero: `no_signal`)
 """
 
 from __future__ import annotations
@@ -36,7 +36,12 @@ class StepResult:
     seconds: float
     skipped_reason: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
-    """What the loss measured over the step's trained tokens (`clip_fraction`, `ratio_mean`, ...)."""
+    """What the loss measured over the step's trained tokens (`clip_fraction`, `ratio_mean`, ...), and
+    `no_signal`: 1 when the gradient was exactly zero (every advantage 0, as in a group whose rollouts all
+    scored the same) and the optimizer was not stepped. Stepping Adam on a zero gradient decays its
+    second moment towards nothing, so the next real gradient, however small, moves every weight it
+    touches by about 3 x lr: a converged run's reward collapsed that way after 110 minutes of such
+    steps (92% of them; bench/RESULTS.md). Held, the optimizer's state and the weights stay as they were."""
 
 
 def advantages_of(scored: ScoredRollout) -> list[float]:
@@ -172,5 +177,7 @@ def train_step(model, optimizer, objectives: Loss | Objectives, batch: Sequence[
         optimizer.zero_grad(set_to_none=True)
         return StepResult(total, None, num_tokens, time.perf_counter() - started,
                           skipped_reason=f"the gradient norm was {grad_norm}: step skipped, weights unchanged")
-    optimizer.step()
+    metrics["no_signal"] = float(grad_norm == 0.0)
+    if grad_norm != 0.0:
+        optimizer.step()
     return StepResult(total, grad_norm, num_tokens, time.perf_counter() - started, metrics=metrics)

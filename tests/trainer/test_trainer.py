@@ -161,6 +161,30 @@ def test_off_policy_corrections_weigh_the_step_and_report_over_the_whole_batch(t
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
+def test_a_batch_without_signal_leaves_the_optimizer_as_it_was(tiny_policy):
+    """Every advantage 0 gives an exactly zero gradient: the optimizer is not stepped, so Adam's
+    moments do not decay (stepped, the next small gradient would move every weight by ~3 x lr), and
+    the step says so; the next batch with a signal steps as before."""
+    model = load_policy(ModelSettings(path=str(tiny_policy)))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def step(advantage):
+        return train_step(model, optimizer, losses.build("ppo_clip"), [scored(i, advantage=advantage) for i in range(4)],
+                          micro_batch=4, max_grad_norm=1.0, device=torch.device("cpu"))
+
+    def state():
+        return [(p.detach().clone(), optimizer.state[p]["exp_avg_sq"].clone(), optimizer.state[p]["step"].clone())
+                for p in model.parameters()]
+
+    assert step(1.0).metrics["no_signal"] == 0.0
+    before = state()
+    held = step(0.0)
+    assert held.grad_norm == 0.0 and held.metrics["no_signal"] == 1.0 and held.skipped_reason is None
+    assert all(torch.equal(a, b) for old, new in zip(before, state()) for a, b in zip(old, new))
+    assert step(0.5).metrics["no_signal"] == 0.0
+    assert not torch.equal(before[0][1], state()[0][1])
+
+
 def test_a_non_finite_loss_skips_the_step_and_leaves_the_weights(tiny_policy):
     model = load_policy(ModelSettings(path=str(tiny_policy)))
     before = [p.detach().clone() for p in model.parameters()]
@@ -196,7 +220,7 @@ def test_stale_bad_and_duplicate_rollouts_are_accounted_and_training_goes_on(wor
     trainer.close()
 
     assert third.drops == {"stale": 2} and third.rollout_ids == [f"r{300 + i}" for i in range(4)]
-    assert set(third.loss_metrics) == {"clip_fraction", "ratio_mean"} and 0 <= third.loss_metrics["clip_fraction"] <= 1
+    assert set(third.loss_metrics) == {"clip_fraction", "ratio_mean", "no_signal"} and 0 <= third.loss_metrics["clip_fraction"] <= 1
     from rollwire.core.trackers import step_metrics
     assert step_metrics(third, 0)["loss/ratio_mean"] == third.loss_metrics["ratio_mean"]
     assert third.staleness.max == 0
