@@ -343,13 +343,12 @@ def print_cpu(cpu: list[tuple[float, dict[str, float]]], rows: list[dict], first
         if len(inside) < 2:
             continue
         (t0, a), (t1, b) = inside[0], inside[-1]
-
-        def cores(name: str) -> float:
-            return (b.get(name, 0.0) - a.get(name, 0.0)) / (t1 - t0) if name in a and name in b else float("nan")
+        cores = {name: (b[name] - a[name]) / (t1 - t0) if name in a and name in b else float("nan")
+                 for name in [*names, "machine.busy", "machine.steal"]}
         steps = sum(1 for r in rows if t0 <= r["time_ms"] / 1000 - first_step_at < t1)
-        used = sum(b.get(n, 0.0) - a.get(n, 0.0) for n in names if n in a and n in b)
-        print(f"{end / 60:<8.0f}" + "".join(f"{cores(n):14.2f}" for n in names)
-              + f"{cores('machine.busy'):13.2f} {cores('machine.steal'):6.2f} {1000 * used / max(steps, 1):8.0f}")
+        used = sum(c for n, c in cores.items() if n in names and c == c) * (t1 - t0)
+        print(f"{end / 60:<8.0f}" + "".join(f"{cores[n]:14.2f}" for n in names)
+              + f"{cores['machine.busy']:13.2f} {cores['machine.steal']:6.2f} {1000 * used / max(steps, 1):8.0f}")
     print("(CPU cores per component over each span; ms/step: the run's CPU time, all components, per trainer step)")
 
 
