@@ -18,7 +18,6 @@ held) make the second look like a redelivery.
 from __future__ import annotations
 
 import base64
-import collections
 import hashlib
 import logging
 import sys
@@ -31,7 +30,7 @@ from rollwire.core import metrics
 
 logger = logging.getLogger(__name__)
 
-BYTES_PER_KEY = 100
+BYTES_PER_KEY = 48
 """About what one key of a `RecentKeys` costs (its hash in a set and in the order kept): the
 figure the settings' docstrings quote. The test holds the real cost under it."""
 
@@ -78,41 +77,105 @@ def unpack(text: str) -> list[int]:
 
 
 class RecentKeys:
-    """The last `limit` keys added, for recognising redeliveries in bounded memory."""
+    """The last `limit` keys added, for recognising redeliveries in bounded memory.
+
+    Held as 64-bit digests in two flat arrays, never as Python objects: a hash table (open
+    addressing, linear probing; at most half full) and a ring of the order they came in. Both grow
+    while the window fills and are never reallocated once it is full: the table has room for
+    `limit` keys from then on, and a full window forgets its oldest digest in place for each one it
+    learns (a deletion shifts its probe run back, so no deleted slots pile up). A `set` beside a
+    `deque` costs about three times as much, and a set that forgets as fast as it learns fills with
+    deleted slots and allocates its whole table again every ~100,000 keys: 8 MB blocks at 200,000
+    keys, which the allocator moved into its heap and kept two of (the dispatcher's RSS rose in
+    8 MB steps an hour into a soak; `bench/dedupe_memory.py` measures both).
+    """
 
     def __init__(self, limit: int, name: str, *, digests: Iterable[int] = (), what: str = "") -> None:
+        if limit < 1:
+            raise ValueError(f"{name}: a window of {limit} keys remembers nothing; set it to 1 or more")
         self.limit, self.name, self.what = limit, name, what
         self.forgotten = 0
         """Keys pushed out by newer ones since the start."""
-        self._digests: set[int] = set()
-        self._order: collections.deque[int] = collections.deque()
+        self._final_size = max(16, 1 << (2 * limit - 1).bit_length())
+        """The table's size once the window is full: the power of two at or above twice `limit` (16 at least)."""
+        self._table = array("Q", bytes(8 * 16))
+        self._mask = len(self._table) - 1
+        self._order = array("Q")
+        self._oldest = 0
+        """Where the oldest digest is in `_order` once the window is full (a ring from then on)."""
         for d in digests:
-            self._remember(d)
+            self._remember(d or 1)
 
     def add(self, key: Key) -> bool:
         """Remembers `key`; False when it was already remembered (a redelivery)."""
-        d = digest(key)
-        if d in self._digests:
+        d = digest(key) or 1  # 0 marks an empty slot
+        slot, found = self._slot(d)
+        if found:
             return False
-        self._remember(d)
+        self._insert(d, slot)
         return True
 
     def digests(self) -> list[int]:
         """What is remembered, oldest first (`RecentKeys(..., digests=...)` takes it back)."""
-        return list(self._order)
+        order = self._order
+        return (order[self._oldest:] + order[:self._oldest]).tolist()
 
     def _remember(self, d: int) -> None:
-        if d in self._digests:
+        slot, found = self._slot(d)
+        if not found:
+            self._insert(d, slot)
+
+    def _slot(self, d: int) -> tuple[int, bool]:
+        """Where `d` is in the table (True), or the empty slot where it would go (False)."""
+        table, mask = self._table, self._mask
+        i = d & mask
+        while True:
+            held = table[i]
+            if held == d:
+                return i, True
+            if held == 0:
+                return i, False
+            i = (i + 1) & mask
+
+    def _insert(self, d: int, slot: int) -> None:
+        self._table[slot] = d
+        if len(self._order) < self.limit:
+            self._order.append(d)
+            if 2 * len(self._order) > len(self._table) < self._final_size:
+                self._grow()
             return
-        self._digests.add(d)
-        self._order.append(d)
-        if len(self._order) > self.limit:
-            self._digests.discard(self._order.popleft())
-            self.forgotten += 1
-            noted(self.name, what=self.what)
+        forgotten = self._order[self._oldest]
+        self._order[self._oldest] = d
+        self._oldest = (self._oldest + 1) % self.limit
+        self._delete(forgotten)
+        self.forgotten += 1
+        noted(self.name, what=self.what)
+
+    def _grow(self) -> None:
+        """Doubles the table while the window fills (never once it is full)."""
+        self._table = array("Q", bytes(16 * len(self._table)))
+        self._mask = len(self._table) - 1
+        for d in self._order:
+            self._table[self._slot(d)[0]] = d
+
+    def _delete(self, d: int) -> None:
+        """Empties `d`'s slot and moves back each later digest of its probe run that may sit there, so
+        every digest stays reachable from its home slot without a marker for deleted ones."""
+        table, mask = self._table, self._mask
+        hole = self._slot(d)[0]
+        i = hole
+        while True:
+            i = (i + 1) & mask
+            held = table[i]
+            if held == 0:
+                break
+            if (i - held) & mask >= (i - hole) & mask:  # its home is not between the hole and i
+                table[hole] = held
+                hole = i
+        table[hole] = 0
 
     def __contains__(self, key: Key) -> bool:
-        return digest(key) in self._digests
+        return self._slot(digest(key) or 1)[1]
 
     def __len__(self) -> int:
         return len(self._order)

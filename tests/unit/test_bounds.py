@@ -3,8 +3,10 @@ their limits, count it, and cost what their settings say per entry."""
 
 from __future__ import annotations
 
+import collections
 import gc
 import json
+import random
 import tracemalloc
 import uuid
 
@@ -39,6 +41,43 @@ def test_recent_keys_come_back_from_their_digests_in_another_process():
     # the digest is fixed, not Python's per-process hash: these values hold in every process
     assert digest("r-1") == int.from_bytes(__import__("hashlib").blake2b(b"r-1", digest_size=8).digest(), "little")
     assert digest(("t", 0, 7)) == digest("t\x000\x007")
+
+
+def test_recent_keys_answer_as_a_set_and_a_queue_would_through_collisions_and_wraps():
+    rng = random.Random(7)
+    for limit in (1, 2, 5, 16, 100, 1000):
+        keys, held, order, forgotten = RecentKeys(limit, "test.window"), set(), collections.deque(), 0
+        pool = [f"r-{i}" for i in range(3 * limit + 2)]  # small windows: probe runs that wrap the table
+        for _ in range(20 * limit + 50):
+            key = rng.choice(pool)
+            new = key not in held
+            if new:
+                held.add(key)
+                order.append(key)
+                if len(order) > limit:
+                    held.discard(order.popleft())
+                    forgotten += 1
+            assert keys.add(key) == new, (limit, key)
+        assert len(keys) == len(held) and keys.digests() == [digest(k) for k in order]
+        assert [k in keys for k in pool] == [k in held for k in pool]
+        assert keys.forgotten == forgotten
+        assert RecentKeys(limit, "test.window", digests=keys.digests()).digests() == keys.digests()
+
+
+def test_a_full_window_never_allocates_its_table_again():
+    keys = RecentKeys(20_000, "test.window")
+    for i in range(20_000):
+        keys.add(f"r-{i}")
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    for i in range(20_000, 120_000):  # five windows' worth, each forgetting the oldest
+        keys.add(f"r-{i}")
+    now, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    # a set forgetting as it learns reallocates its whole table (~0.5 MB here) every ~10,000 keys
+    assert now - base < 4096 and peak - base < 16_384, (now - base, peak - base)
+    assert keys.forgotten == 100_000 and len(keys) == 20_000
+    assert "r-100000" in keys and "r-119999" in keys and "r-99999" not in keys and "r-1" not in keys
 
 
 def test_a_remembered_key_costs_under_what_the_settings_state():
