@@ -31,8 +31,9 @@ from rollwire.core import metrics
 logger = logging.getLogger(__name__)
 
 BYTES_PER_KEY = 48
-"""About what one key of a `RecentKeys` costs (its hash in a set and in the order kept): the
-figure the settings' docstrings quote. The test holds the real cost under it."""
+"""The most one key of a `RecentKeys` costs: its digest in the table (2 to 4 slots of 8 B, by how
+`limit` falls between powers of two; ~21 B at 200,000) and in the order kept (8 B). The figure the
+operations guide quotes; the test holds the real cost under it."""
 
 Key = str | tuple[str | int, ...]
 """A rollout id, or a tuple of ids and numbers (a group id and a sample index; a topic, partition, offset)."""

@@ -1,0 +1,121 @@
+"""A dedupe window's memory over a long run: `RecentKeys` against a set beside a deque, the obvious way.
+
+    python bench/dedupe_memory.py [--window 200000] [--keys 3000000]
+
+Each arm runs in its own interpreter. It adds `--keys` keys (a group id and a sample index, as the
+dispatcher's) to a window of `--window` keys, with the churn of a component that decodes events beside
+it: a buffer of 0.6-16 KB allocated per key, the last 2,000 kept. Every 100,000 keys it reads the
+process's RSS and the resident size of its heap (`[heap]` in /proc/self/smaps: what malloc took with
+brk, where the allocator keeps freed blocks it may reuse). Per arm:
+
+- held: RSS once the window is full, less RSS before the first key (the churn's buffers held already);
+- after full: RSS at the end less RSS when the window first filled (a bounded window should hold flat:
+  at the dispatcher's ~7,500 keys a minute, 3,000,000 keys are ~6.5 hours);
+- heap MB at those two points, and µs per key added (the churn included, the same in both arms).
+
+The baseline for the bytes is the digests themselves (8 B a key, the least a window of 64-bit digests can
+hold); for the time, the set's, whose every step is C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class SetAndQueue:
+    """A window as a set of digests beside a deque of their order (how `RecentKeys` held them before)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self._held, self._order = limit, set(), collections.deque()
+
+    def add(self, key: tuple[str, int]) -> bool:
+        from rollwire.core.bounds import digest
+
+        d = digest(key)
+        if d in self._held:
+            return False
+        self._held.add(d)
+        self._order.append(d)
+        if len(self._order) > self.limit:
+            self._held.discard(self._order.popleft())
+        return True
+
+
+def _resident() -> tuple[float, float]:
+    """RSS and the heap's resident MB of this process."""
+    rss = heap = 0
+    region = ""
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if "-" in fields[0] and not fields[0].endswith(":"):
+                region = fields[5] if len(fields) > 5 else ""
+            elif fields[0] == "Rss:":
+                rss += int(fields[1])
+                heap += int(fields[1]) if region == "[heap]" else 0
+    return rss / 1024, heap / 1024
+
+
+def arm(kind: str, window: int, keys: int) -> dict[str, float]:
+    """One arm, in this process."""
+    import logging
+
+    from rollwire.core.bounds import RecentKeys
+
+    logging.disable(logging.WARNING)  # "dispatcher.started is full" is expected here
+    rng = random.Random(1)
+    churn = collections.deque((bytes(rng.randint(600, 16_000)) for _ in range(2000)), maxlen=2000)
+    start_rss, _ = _resident()  # the churn's own buffers already held
+    held = RecentKeys(window, "bench.window") if kind == "RecentKeys" else SetAndQueue(window)
+    full = None
+    began = time.perf_counter()
+    for n in range(1, keys + 1):
+        held.add((f"g-{n // 8}", n % 8))
+        churn.append(bytes(rng.randint(600, 16_000)))
+        if n == window:
+            full = _resident()
+    seconds = time.perf_counter() - began
+    end = _resident()
+    assert full is not None, "--keys must be more than --window"
+    return {"held_mb": full[0] - start_rss, "after_full_mb": end[0] - full[0], "heap_full": full[1],
+            "heap_end": end[1], "us_per_key": 1e6 * seconds / keys}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--window", type=int, default=200_000, help="keys the window remembers")
+    parser.add_argument("--keys", type=int, default=3_000_000, help="keys added in all")
+    parser.add_argument("--arm", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.arm:
+        print(json.dumps(arm(args.arm, args.window, args.keys)))
+        return
+    results = {}
+    for kind in ("set + deque", "RecentKeys"):
+        out = subprocess.run([sys.executable, __file__, "--arm", kind, "--window", str(args.window),
+                              "--keys", str(args.keys)], check=True, capture_output=True, text=True, cwd=ROOT)
+        results[kind] = json.loads(out.stdout.splitlines()[-1])
+    print(f"a window of {args.window} keys, {args.keys} added, 0.6-16 KB of churn per key")
+    print(f"{'arm':<12} {'held MB':>8} {'B/key':>6} {'after full MB':>14} {'heap MB full -> end':>20} {'us/key':>7}")
+    for kind, r in results.items():
+        print(f"{kind:<12} {r['held_mb']:8.1f} {2**20 * r['held_mb'] / args.window:6.0f} {r['after_full_mb']:14.1f} "
+              f"{r['heap_full']:9.0f} -> {r['heap_end']:<8.0f} {r['us_per_key']:7.1f}")
+    ours, theirs = results["RecentKeys"], results["set + deque"]
+    per_key = 2**20 * ours["held_mb"] / args.window
+    print(f"RecentKeys holds {per_key / 8:.1f}x the digests' own 8 B a key; it grew {ours['after_full_mb']:.1f} MB "
+          f"once full against {theirs['after_full_mb']:.1f} MB; time per key {ours['us_per_key'] / theirs['us_per_key']:.2f}x the set's")
+    print(f"RESULT bytes_per_key={per_key:.0f} after_full_mb={ours['after_full_mb']:.1f} "
+          f"set_after_full_mb={theirs['after_full_mb']:.1f} time_vs_set={ours['us_per_key'] / theirs['us_per_key']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
