@@ -57,9 +57,10 @@ def noted(name: str, forgotten: int = 1, *, what: str = "") -> None:
 
 
 def digest(key: Key) -> int:
-    """A key's 64-bit digest, the same in every process (Python's `hash` of a str is not)."""
+    """A key's 64-bit digest, the same in every process (Python's `hash` of a str is not); never 0,
+    which marks an empty slot of a `RecentKeys` table (a digest of 0 is taken as 1)."""
     text = key if isinstance(key, str) else "\x00".join(map(str, key))
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") or 1
 
 
 def pack(digests: Iterable[int]) -> str:
@@ -105,11 +106,11 @@ class RecentKeys:
         self._oldest = 0
         """Where the oldest digest is in `_order` once the window is full (a ring from then on)."""
         for d in digests:
-            self._remember(d or 1)
+            self._remember(d or 1)  # (as `digest` would)
 
     def add(self, key: Key) -> bool:
         """Remembers `key`; False when it was already remembered (a redelivery)."""
-        d = digest(key) or 1  # 0 marks an empty slot
+        d = digest(key)
         slot, found = self._slot(d)
         if found:
             return False
@@ -176,7 +177,7 @@ class RecentKeys:
         table[hole] = 0
 
     def __contains__(self, key: Key) -> bool:
-        return self._slot(digest(key) or 1)[1]
+        return self._slot(digest(key))[1]
 
     def __len__(self) -> int:
         return len(self._order)
