@@ -1,4 +1,5 @@
-"""A dedupe window's memory over a long run: `RecentKeys` against a set beside a deque, the obvious way.
+"""A dedupe window's memory over a long run: `RecentKeys` against a set beside a deque, the obvious way,
+and a dict beside an OrderedDict (how the scorer holds its closed groups, ids as strings).
 
     python bench/dedupe_memory.py [--window 200000] [--keys 3000000]
 
@@ -11,8 +12,12 @@ brk, where the allocator keeps freed blocks it may reuse). Per arm:
 - held: RSS once the window is full, less RSS before the first key (the churn's buffers held already);
 - after full: RSS at the end less RSS when the window first filled (a bounded window should hold flat:
   at the dispatcher's ~7,500 keys a minute, 3,000,000 keys are ~6.5 hours);
-- heap MB at those two points, and µs per key added (the churn included, the same in both arms).
+- heap MB at those two points, and µs per key added (the churn included, the same in every arm);
+- trimmed: what "after full" is once glibc's `malloc_trim(0)` has given back the free pages it held: the
+  growth that is live memory, not the allocator's.
 
+Any Python map that forgets as fast as it learns allocates its table again from time to time (deleted
+slots are reclaimed only by a resize); the third arm shows what that costs where it cannot be avoided.
 The baseline for the bytes is the digests themselves (8 B a key, the least a window of 64-bit digests can
 hold); for the time, the set's, whose every step is C.
 """
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import ctypes
 import json
 import random
 import subprocess
@@ -50,6 +56,22 @@ class SetAndQueue:
         return True
 
 
+class MapAndOrder:
+    """A window as the scorer holds closed groups: a dict by id beside an OrderedDict of their order."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self._held, self._order = limit, {}, collections.OrderedDict()
+
+    def add(self, key: tuple[str, int]) -> bool:
+        name = f"{key[0]}/{key[1]}"
+        if name in self._held:
+            return False
+        self._held[name] = self._order[name] = None
+        if len(self._order) > self.limit:
+            del self._held[self._order.popitem(last=False)[0]]
+        return True
+
+
 def _resident() -> tuple[float, float]:
     """RSS and the heap's resident MB of this process."""
     rss = heap = 0
@@ -75,7 +97,8 @@ def arm(kind: str, window: int, keys: int) -> dict[str, float]:
     rng = random.Random(1)
     churn = collections.deque((bytes(rng.randint(600, 16_000)) for _ in range(2000)), maxlen=2000)
     start_rss, _ = _resident()  # the churn's own buffers already held
-    held = RecentKeys(window, "bench.window") if kind == "RecentKeys" else SetAndQueue(window)
+    held = RecentKeys(window, "bench.window") if kind == "RecentKeys" else {
+        "set + deque": SetAndQueue, "dict + OrderedDict": MapAndOrder}[kind](window)
     full = None
     began = time.perf_counter()
     for n in range(1, keys + 1):
@@ -86,8 +109,10 @@ def arm(kind: str, window: int, keys: int) -> dict[str, float]:
     seconds = time.perf_counter() - began
     end = _resident()
     assert full is not None, "--keys must be more than --window"
+    ctypes.CDLL("libc.so.6").malloc_trim(0)  # glibc gives back the free pages it holds, wherever they are
+    trimmed = _resident()
     return {"held_mb": full[0] - start_rss, "after_full_mb": end[0] - full[0], "heap_full": full[1],
-            "heap_end": end[1], "us_per_key": 1e6 * seconds / keys}
+            "heap_end": end[1], "after_trim_mb": trimmed[0] - full[0], "us_per_key": 1e6 * seconds / keys}
 
 
 def main() -> None:
@@ -100,15 +125,16 @@ def main() -> None:
         print(json.dumps(arm(args.arm, args.window, args.keys)))
         return
     results = {}
-    for kind in ("set + deque", "RecentKeys"):
+    for kind in ("set + deque", "dict + OrderedDict", "RecentKeys"):
         out = subprocess.run([sys.executable, __file__, "--arm", kind, "--window", str(args.window),
                               "--keys", str(args.keys)], check=True, capture_output=True, text=True, cwd=ROOT)
         results[kind] = json.loads(out.stdout.splitlines()[-1])
     print(f"a window of {args.window} keys, {args.keys} added, 0.6-16 KB of churn per key")
-    print(f"{'arm':<12} {'held MB':>8} {'B/key':>6} {'after full MB':>14} {'heap MB full -> end':>20} {'us/key':>7}")
+    print(f"{'arm':<18} {'held MB':>8} {'B/key':>6} {'after full MB':>14} {'heap MB full -> end':>20} "
+          f"{'trimmed':>8} {'us/key':>7}")
     for kind, r in results.items():
-        print(f"{kind:<12} {r['held_mb']:8.1f} {2**20 * r['held_mb'] / args.window:6.0f} {r['after_full_mb']:14.1f} "
-              f"{r['heap_full']:9.0f} -> {r['heap_end']:<8.0f} {r['us_per_key']:7.1f}")
+        print(f"{kind:<18} {r['held_mb']:8.1f} {2**20 * r['held_mb'] / args.window:6.0f} {r['after_full_mb']:14.1f} "
+              f"{r['heap_full']:9.0f} -> {r['heap_end']:<8.0f} {r['after_trim_mb']:8.1f} {r['us_per_key']:7.1f}")
     ours, theirs = results["RecentKeys"], results["set + deque"]
     per_key = 2**20 * ours["held_mb"] / args.window
     time_ratio = ours["us_per_key"] / theirs["us_per_key"]
