@@ -41,12 +41,12 @@ class SetAndQueue:
     """A window as a set of digests beside a deque of their order (how `RecentKeys` held them before)."""
 
     def __init__(self, limit: int) -> None:
-        self.limit, self._held, self._order = limit, set(), collections.deque()
-
-    def add(self, key: tuple[str, int]) -> bool:
         from rollwire.core.bounds import digest
 
-        d = digest(key)
+        self.limit, self._held, self._order, self._digest = limit, set(), collections.deque(), digest
+
+    def add(self, key: tuple[str, int]) -> bool:
+        d = self._digest(key)
         if d in self._held:
             return False
         self._held.add(d)
@@ -72,7 +72,7 @@ class MapAndOrder:
         return True
 
 
-def _resident() -> tuple[float, float]:
+def resident() -> tuple[float, float]:
     """RSS and the heap's resident MB of this process."""
     rss = heap = 0
     region = ""
@@ -96,7 +96,7 @@ def arm(kind: str, window: int, keys: int) -> dict[str, float]:
     logging.disable(logging.WARNING)  # "dispatcher.started is full" is expected here
     rng = random.Random(1)
     churn = collections.deque((bytes(rng.randint(600, 16_000)) for _ in range(2000)), maxlen=2000)
-    start_rss, _ = _resident()  # the churn's own buffers already held
+    start_rss, _ = resident()  # the churn's own buffers already held
     held = RecentKeys(window, "bench.window") if kind == "RecentKeys" else {
         "set + deque": SetAndQueue, "dict + OrderedDict": MapAndOrder}[kind](window)
     full = None
@@ -105,12 +105,12 @@ def arm(kind: str, window: int, keys: int) -> dict[str, float]:
         held.add((f"g-{n // 8}", n % 8))
         churn.append(bytes(rng.randint(600, 16_000)))
         if n == window:
-            full = _resident()
+            full = resident()
     seconds = time.perf_counter() - began
-    end = _resident()
+    end = resident()
     assert full is not None, "--keys must be more than --window"
     ctypes.CDLL("libc.so.6").malloc_trim(0)  # glibc gives back the free pages it holds, wherever they are
-    trimmed = _resident()
+    trimmed = resident()
     return {"held_mb": full[0] - start_rss, "after_full_mb": end[0] - full[0], "heap_full": full[1],
             "heap_end": end[1], "after_trim_mb": trimmed[0] - full[0], "us_per_key": 1e6 * seconds / keys}
 

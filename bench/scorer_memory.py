@@ -26,21 +26,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "bench"))
 
-
-def resident() -> tuple[int, int]:
-    """RSS and the heap's resident MB of this process."""
-    rss = heap = 0
-    region = ""
-    with open("/proc/self/smaps") as smaps:
-        for line in smaps:
-            fields = line.split()
-            if "-" in fields[0] and not fields[0].endswith(":"):
-                region = fields[5] if len(fields) > 5 else ""
-            elif fields[0] == "Rss:":
-                rss += int(fields[1])
-                heap += int(fields[1]) if region == "[heap]" else 0
-    return rss // 1024, heap // 1024
+from dedupe_memory import resident  # noqa: E402  (RSS and the heap's resident MB)
 
 
 def main() -> None:
@@ -62,7 +50,7 @@ def main() -> None:
     now = 1_790_000_000_000
     per_hour = 3_600_000 // args.group_every_ms
     rewards = [float(i % 2) for i in range(args.group_size)]
-    samples: list[tuple[float, int]] = []
+    samples: list[tuple[float, float]] = []
     began = time.perf_counter()
     print(f"{'hours':>6} {'RSS MB':>7} {'heap MB':>8} {'closed groups':>14} {'wall s':>6}")
     quarter = per_hour // 4
@@ -70,7 +58,7 @@ def main() -> None:
         if g % quarter == 0:
             rss, heap = resident()
             samples.append((g / quarter / 4, rss))
-            print(f"{g / quarter / 4:6.2f} {rss:7d} {heap:8d} {host.closed_groups():14d} {time.perf_counter() - began:6.0f}",
+            print(f"{g / quarter / 4:6.2f} {rss:7.0f} {heap:8.0f} {host.closed_groups():14d} {time.perf_counter() - began:6.0f}",
                   flush=True)
         for rollout in group_of(str(uuid.UUID(int=rng.getrandbits(128))), rewards):
             host.rollout(rollout, now=now)
@@ -84,13 +72,13 @@ def main() -> None:
     after_fill = next(rss for hours, rss in samples if hours >= 2) - at_hour
     half = [(h, r) for h, r in samples if h >= args.hours / 2]
     slope = _fit(half)
-    print(f"filled to {at_hour} MB in the first hour; +{after_fill} MB in the hour after; "
-          f"{100 * slope / at_hour:.1f}% an hour over the second half; {trimmed} MB after malloc_trim")
-    print(f"RESULT growth_pct_per_h_second_half={100 * slope / at_hour:.2f} hour_after_fill_mb={after_fill} "
-          f"rss_after_hour_mb={at_hour} trimmed_mb={trimmed}")
+    print(f"filled to {at_hour:.0f} MB in the first hour; +{after_fill:.0f} MB in the hour after; "
+          f"{100 * slope / at_hour:.1f}% an hour over the second half; {trimmed:.0f} MB after malloc_trim")
+    print(f"RESULT growth_pct_per_h_second_half={100 * slope / at_hour:.2f} hour_after_fill_mb={after_fill:.0f} "
+          f"rss_after_hour_mb={at_hour:.0f} trimmed_mb={trimmed:.0f}")
 
 
-def _fit(points: list[tuple[float, int]]) -> float:
+def _fit(points: list[tuple[float, float]]) -> float:
     """Least-squares slope of RSS over hours."""
     n = len(points)
     mx = sum(h for h, _ in points) / n
