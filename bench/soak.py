@@ -14,8 +14,9 @@ the run's last third tells a bound that fills (growth that stops) from a leak (g
 on), and a timeline in eight spans shows each component's RSS beside the loop's rate, stale
 share, staleness and the trainer's wait for a batch. The last line is `RESULT ...`. `--report
 FOLDER` prints a finished soak's report again from its files. Once a minute it also reads each
-component's CPU seconds and the machine's busy and stolen time: a table per span says where the
-CPU went, and the run's CPU milliseconds per trainer step.
+component's CPU seconds, the machine's busy and stolen time, and the CPU time of a fixed piece of
+work (`probe_ms`): a table per span says where the CPU went, the run's CPU milliseconds per trainer
+step, and whether the machine itself slowed.
 
 `--sites` also traces every component's Python allocations (`[telemetry.memory_sites]`,
 `rollwire.core.memory_sites`) and prints, per component, the allocation sites that grew most
@@ -94,6 +95,18 @@ def machine_cpu() -> dict[str, float]:
     idle = times.idle + getattr(times, "iowait", 0.0)
     steal = getattr(times, "steal", 0.0)
     return {"busy": sum(times) - idle - steal, "steal": steal}
+
+
+def probe_ms() -> float:
+    """CPU milliseconds a fixed piece of pure-Python work takes now. It holds on a machine whose cores
+    keep their speed, and rises when the host slows every core (a neighbour on the same physical cores,
+    which the stolen time does not always show): the run's CPU per step read against it tells our
+    work growing from the machine slowing."""
+    began = time.process_time()
+    total = 0
+    for i in range(300_000):
+        total += i * i % 7
+    return 1000 * (time.process_time() - began)
 
 
 def traced_recipe(recipe: str | None, folder: Path, warmup_s: float, every_s: float) -> str:
@@ -226,7 +239,8 @@ def main() -> None:
                 used["supervisor"] = cpu_seconds([parent])
                 if broker:
                     used["kafka-broker"] = cpu_seconds(broker)
-                cpu.append((elapsed, {**used, **{f"machine.{k}": v for k, v in machine_cpu().items()}}))
+                cpu.append((elapsed, {**used, **{f"machine.{k}": v for k, v in machine_cpu().items()},
+                                      "probe.ms": probe_ms()}))
             wal.append((elapsed, *wal_mb(folder / "run")))
             if not disk or elapsed - disk[-1][0] >= 60:
                 disk.append((elapsed, disk_mb(folder / "run")))
@@ -335,9 +349,9 @@ def print_cpu(cpu: list[tuple[float, dict[str, float]]], rows: list[dict], first
     if len(cpu) < 2 or first_step_at is None:
         return
     span = total / windows
-    names = sorted({name for _, used in cpu for name in used if not name.startswith("machine.")})
+    names = sorted({name for _, used in cpu for name in used if not name.startswith(("machine.", "probe."))})
     print(f"\n{'minute':<8}" + "".join(f"{n[:13]:>14}" for n in names) + f"{'machine busy':>13} {'steal':>6} "
-          f"{'ms/step':>8}")
+          f"{'ms/step':>8} {'probe ms':>9}")
     for end in (span * (i + 1) for i in range(windows)):
         inside = [c for c in cpu if end - span <= c[0] <= end]
         if len(inside) < 2:
@@ -347,9 +361,13 @@ def print_cpu(cpu: list[tuple[float, dict[str, float]]], rows: list[dict], first
                  for name in [*names, "machine.busy", "machine.steal"]}
         steps = sum(1 for r in rows if t0 <= r["time_ms"] / 1000 - first_step_at < t1)
         used = sum(c for n, c in cores.items() if n in names and c == c) * (t1 - t0)
+        probes = sorted(row["probe.ms"] for _, row in inside if "probe.ms" in row)
+        probe = probes[len(probes) // 2] if probes else float("nan")
         print(f"{end / 60:<8.0f}" + "".join(f"{cores[n]:14.2f}" for n in names)
-              + f"{cores['machine.busy']:13.2f} {cores['machine.steal']:6.2f} {1000 * used / max(steps, 1):8.0f}")
-    print("(CPU cores per component over each span; ms/step: the run's CPU time, all components, per trainer step)")
+              + f"{cores['machine.busy']:13.2f} {cores['machine.steal']:6.2f} {1000 * used / max(steps, 1):8.0f}"
+              + f" {probe:9.1f}")
+    print("(CPU cores per component over each span; ms/step: the run's CPU time, all components, per trainer step;"
+          " probe ms: the median CPU time of a fixed piece of Python work, a machine that slows shows here)")
 
 
 def _rate_held(rows: list[dict], warm: float, total: float, first_step_at: float | None) -> float:
