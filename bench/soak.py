@@ -101,7 +101,8 @@ def probe_ms() -> float:
     """CPU milliseconds a fixed piece of pure-Python work takes now. It holds on a machine whose cores
     keep their speed, and rises when the host slows every core (a neighbour on the same physical cores,
     which the stolen time does not always show): the run's CPU per step read against it tells our
-    work growing from the machine slowing."""
+    work growing from the machine slowing. Compare it within one run: what else shares the cores changes
+    it too (16-17 ms beside a run's start here, 24-26 ms beside heavy imports on both cores)."""
     began = time.process_time()
     total = 0
     for i in range(300_000):
