@@ -102,7 +102,7 @@ def probe_ms() -> float:
     keep their speed, and rises when the host slows every core (a neighbour on the same physical cores,
     which the stolen time does not always show): the run's CPU per step read against it tells our
     work growing from the machine slowing. Compare it within one run: what else shares the cores changes
-    it too (16-17 ms beside a run's start here, 24-26 ms beside heavy imports on both cores)."""
+    it too (here 24-26 ms while a run was starting beside it, 15-17 ms once it ran)."""
     began = time.process_time()
     total = 0
     for i in range(300_000):
