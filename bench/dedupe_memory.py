@@ -13,6 +13,7 @@ brk, where the allocator keeps freed blocks it may reuse). Per arm:
 - after full: RSS at the end less RSS when the window first filled (a bounded window should hold flat:
   at the dispatcher's ~7,500 keys a minute, 3,000,000 keys are ~6.5 hours);
 - heap MB at those two points, and µs per key added (the churn included, the same in every arm);
+- alone: µs per key added to a fresh window with nothing beside it (three windows' worth of keys);
 - trimmed: what "after full" is once glibc's `malloc_trim(0)` has given back the free pages it held: the
   growth that is live memory, not the allocator's.
 
@@ -111,7 +112,13 @@ def arm(kind: str, window: int, keys: int) -> dict[str, float]:
     assert full is not None, "--keys must be more than --window"
     ctypes.CDLL("libc.so.6").malloc_trim(0)  # glibc gives back the free pages it holds, wherever they are
     trimmed = resident()
-    return {"held_mb": full[0] - start_rss, "after_full_mb": end[0] - full[0], "heap_full": full[1],
+    alone = RecentKeys(window, "bench.alone") if kind == "RecentKeys" else type(held)(window)
+    timed = [(f"a-{n // 8}", n % 8) for n in range(3 * window)]
+    began = time.perf_counter()
+    for key in timed:
+        alone.add(key)
+    alone_us = 1e6 * (time.perf_counter() - began) / len(timed)
+    return {"alone_us": alone_us, "held_mb": full[0] - start_rss, "after_full_mb": end[0] - full[0], "heap_full": full[1],
             "heap_end": end[1], "after_trim_mb": trimmed[0] - full[0], "us_per_key": 1e6 * seconds / keys}
 
 
@@ -131,13 +138,14 @@ def main() -> None:
         results[kind] = json.loads(out.stdout.splitlines()[-1])
     print(f"a window of {args.window} keys, {args.keys} added, 0.6-16 KB of churn per key")
     print(f"{'arm':<18} {'held MB':>8} {'B/key':>6} {'after full MB':>14} {'heap MB full -> end':>20} "
-          f"{'trimmed':>8} {'us/key':>7}")
+          f"{'trimmed':>8} {'us/key':>7} {'alone':>6}")
     for kind, r in results.items():
         print(f"{kind:<18} {r['held_mb']:8.1f} {2**20 * r['held_mb'] / args.window:6.0f} {r['after_full_mb']:14.1f} "
-              f"{r['heap_full']:9.0f} -> {r['heap_end']:<8.0f} {r['after_trim_mb']:8.1f} {r['us_per_key']:7.1f}")
+              f"{r['heap_full']:9.0f} -> {r['heap_end']:<8.0f} {r['after_trim_mb']:8.1f} {r['us_per_key']:7.1f} "
+              f"{r['alone_us']:6.2f}")
     ours, theirs = results["RecentKeys"], results["set + deque"]
     per_key = 2**20 * ours["held_mb"] / args.window
-    time_ratio = ours["us_per_key"] / theirs["us_per_key"]
+    time_ratio = ours["alone_us"] / theirs["alone_us"]
     print(f"RecentKeys holds {per_key / 8:.1f}x the digests' own 8 B a key; it grew {ours['after_full_mb']:.1f} MB "
           f"once full against {theirs['after_full_mb']:.1f} MB; time per key {time_ratio:.2f}x the set's")
     print(f"RESULT bytes_per_key={per_key:.0f} after_full_mb={ours['after_full_mb']:.1f} "
