@@ -7,13 +7,15 @@ Every `--every` seconds it samples every process of the run (each component; the
 under each replica with its engine processes; `rollwire run` itself, the supervisor; with `--bus
 kafka`, the broker it started): RSS, open file descriptors and threads. After the warm-up,
 growth is fitted by least squares and reported per hour, as a share of the component's size
-after warm-up (the goal: under 5% an hour). The rate: trainer steps and trained rollouts per
-minute in the last quarter of the run against the first quarter after warm-up, measured in the
-same run (1.0 = held). The run is stopped as Ctrl-C would stop it at the end. A second fit over
-the run's last third tells a bound that fills (growth that stops) from a leak (growth that goes
-on), and a timeline in eight spans shows each component's RSS beside the loop's rate, stale
-share, staleness and the trainer's wait for a batch. The last line is `RESULT ...`. `--report
-FOLDER` prints a finished soak's report again from its files. Once a minute it also reads each
+after warm-up (the goal: under 5% an hour). The rate: trainer steps and trained rollouts per minute
+in the last quarter of the run against the first quarter after warm-up, measured in the same run
+(1.0 = held), and the fit of every minute's trained rollouts after warm-up, in % an hour (one slow
+span moves the ratio; the fit weighs every minute, beside the minutes' own spread). The run is
+stopped as Ctrl-C would stop it at the end. A second fit over the run's last third tells a bound
+that fills (growth that stops) from a leak (growth that goes on), and a timeline in eight spans
+shows each component's RSS beside the loop's rate, stale share, staleness, the trainer's wait for a
+batch and vLLM's generation throughput from its log. The last line is `RESULT ...`.
+`--report FOLDER` prints a finished soak's report again from its files. Once a minute it also reads each
 component's CPU seconds, the machine's busy and stolen time, and the CPU time of a fixed piece of
 work (`probe_ms`): a table per span says where the CPU went, the run's CPU milliseconds per trainer
 step, and whether the machine itself slowed.
@@ -30,6 +32,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -293,7 +296,7 @@ def report(folder: Path, minutes: float, warmup_minutes: float, how: str = "", s
               f"{after[-1][3]:8d} {threads:10.1f}")
     print("(growth/h: the fit from the warm-up's end, as a share of the size then; last third: the fit over the "
           "run's last third, where the bounds that fill have filled)")
-    print_timeline(samples, rows, first_step_at, total)
+    print_timeline(samples, rows, first_step_at, total, logs=folder / "run" / "logs")
     print_cpu(cpu, rows, first_step_at, total)
     rate = _rate_held(rows, warm, total, first_step_at)
     if wal and wal[-1][1]:
@@ -307,14 +310,37 @@ def report(folder: Path, minutes: float, warmup_minutes: float, how: str = "", s
             f"{name} {after[0][1].get(name, 0):.0f} -> {after[-1][1].get(name, 0):.0f} "
             f"({slope_per_hour([(t, sizes.get(name, 0.0)) for t, sizes in after]) if len(after) >= 3 else 0:+.0f}/h)"
             for name in sorted(after[-1][1])))
-    print(f"steps: {len(rows)}; trained rollouts per minute, last quarter vs first quarter after warm-up: {rate:.2f}")
+    trend, spread = rate_trend(rows, warm, first_step_at)
+    print(f"steps: {len(rows)}; trained rollouts per minute, last quarter vs first quarter after warm-up: {rate:.2f}; "
+          f"fitted over every minute after warm-up: {trend:+.1f}% an hour (the minutes' spread {spread:.1f}%)")
     if sites:
         print_sites(folder / "run" / "memory")
-    print(f"RESULT minutes={minutes:g} worst_rss_growth_pct_per_h={worst:.3g} rate_held={rate:.3g} steps={len(rows)}")
+    print(f"RESULT minutes={minutes:g} worst_rss_growth_pct_per_h={worst:.3g} rate_held={rate:.3g} "
+          f"rate_trend_pct_per_h={trend:.2g} steps={len(rows)}")
+
+
+_GENERATION = re.compile(r" (\d\d)-(\d\d) (\d\d:\d\d:\d\d) .*Avg generation throughput: ([\d.]+) tokens/s")
+
+
+def generation_rates(logs: Path, year: int) -> list[list[tuple[float, float]]]:
+    """vLLM's own generation throughput, as its engine logs it every 10 s, from each server's log
+    (`vllm.log`, `vllm-1.log`, ...): per server, (epoch seconds, tokens/s). The loop is
+    generation-bound when the trainer waits for batches; this tells vLLM's speed from rollwire's."""
+    servers = []
+    for log in sorted(logs.glob("vllm*.log")):
+        points = []
+        with log.open(errors="replace") as lines:
+            for line in lines:
+                if (found := _GENERATION.search(line)) is not None:
+                    month, day, clock, rate = found.groups()
+                    at = time.mktime(time.strptime(f"{year}-{month}-{day} {clock}", "%Y-%m-%d %H:%M:%S"))
+                    points.append((at, float(rate)))
+        servers.append(points)
+    return servers
 
 
 def print_timeline(samples: dict[str, list[tuple]], rows: list[dict], first_step_at: float | None, total: float,
-                   windows: int = 8) -> None:
+                   windows: int = 8, logs: Path | None = None) -> None:
     """The run in `windows` equal spans: each component's RSS at the span's end, and what the loop
     did in it (trained rollouts a minute, the share dropped as stale, mean staleness, the
     trainer's mean wait for a batch): a fill, a leak and a change of state look different here."""
@@ -323,8 +349,9 @@ def print_timeline(samples: dict[str, list[tuple]], rows: list[dict], first_step
     span = total / windows
     ends = [span * (i + 1) for i in range(windows)]
     names = sorted(samples)
+    servers = generation_rates(logs, time.gmtime(first_step_at).tm_year) if logs is not None else []
     print(f"\n{'minute':<8}" + "".join(f"{n[:13]:>14}" for n in names)
-          + f"{'trained/min':>12} {'stale':>6} {'staleness':>9} {'wait s':>7}")
+          + f"{'trained/min':>12} {'stale':>6} {'staleness':>9} {'wait s':>7}" + (" gen tok/s" if servers else ""))
     for end in ends:
         cells = []
         for name in names:
@@ -338,8 +365,16 @@ def print_timeline(samples: dict[str, list[tuple]], rows: list[dict], first_step
         print(f"{end / 60:<8.0f}" + "".join(cells) + f"{60 * trained / span:12.0f} "
               f"{100 * stale / max(trained + stale, 1):5.1f}% "
               f"{(sum(staleness) / len(staleness) if staleness else float('nan')):9.2f} "
-              f"{(sum(waits) / len(waits) if waits else float('nan')):7.2f}")
-    print("(RSS MB per component at each span's end; the loop's figures over the span)")
+              f"{(sum(waits) / len(waits) if waits else float('nan')):7.2f}" + (
+                  f" {_generation(servers, first_step_at + end - span, first_step_at + end):9.0f}" if servers else ""))
+    print("(RSS MB per component at each span's end; the loop's figures over the span"
+          + ("; gen tok/s: vLLM's generation throughput, its own log's, all servers)" if servers else ")"))
+
+
+def _generation(servers: list[list[tuple[float, float]]], start: float, end: float) -> float:
+    """The servers' generation throughput over [start, end): each one's mean, summed."""
+    means = [[rate for at, rate in points if start <= at < end] for points in servers]
+    return sum(sum(m) / len(m) for m in means if m) if any(means) else float("nan")
 
 
 def print_cpu(cpu: list[tuple[float, dict[str, float]]], rows: list[dict], first_step_at: float | None,
@@ -369,6 +404,28 @@ def print_cpu(cpu: list[tuple[float, dict[str, float]]], rows: list[dict], first
               + f" {probe:9.1f}")
     print("(CPU cores per component over each span; ms/step: the run's CPU time, all components, per trainer step;"
           " probe ms: the median CPU time of a fixed piece of Python work, a machine that slows shows here)")
+
+
+def rate_trend(rows: list[dict], warm: float, first_step_at: float | None) -> tuple[float, float]:
+    """Rollouts trained in each whole minute from the warm-up's end to the last step, fitted by least
+    squares: the change per hour as a share of the fitted rate at the warm-up's end, and the minutes'
+    own spread (standard deviation over mean). The quarter ratio (`_rate_held`) compares two spans of
+    the run and moves with one slow span; the fit weighs every minute."""
+    if not rows or first_step_at is None:
+        return float("nan"), float("nan")
+    per: dict[int, int] = {}
+    for r in rows:
+        minute = int((r["time_ms"] / 1000 - first_step_at) // 60)
+        per[minute] = per.get(minute, 0) + r.get("rollouts", 0)
+    minutes = [m for m in sorted(per) if m * 60 >= warm and m < max(per)]
+    if len(minutes) < 3:
+        return float("nan"), float("nan")
+    points = [(60.0 * m, float(per[m])) for m in minutes]
+    slope = slope_per_hour(points)
+    mean = sum(v for _, v in points) / len(points)
+    at_warm = mean + slope * (points[0][0] - sum(t for t, _ in points) / len(points)) / 3600
+    spread = (sum((v - mean) ** 2 for _, v in points) / (len(points) - 1)) ** 0.5 / mean if mean else float("nan")
+    return (100 * slope / at_warm if at_warm else float("nan")), 100 * spread
 
 
 def _rate_held(rows: list[dict], warm: float, total: float, first_step_at: float | None) -> float:
