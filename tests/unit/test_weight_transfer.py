@@ -109,3 +109,23 @@ def test_no_sender_is_a_quick_clear_error(tmp_path):
     assert time.monotonic() - started < 10
     with pytest.raises(TransferError, match="not a direct weight address"):
         receive("s3://bucket/x", 1, "0" * 64)
+
+
+def test_transfers_leave_nothing_behind_in_the_senders_store(tmp_path, sender):
+    """The trainer's rendezvous store lives as long as the run: a key left by each version would
+    grow it by thousands of keys a day (four a transfer, before they were deleted)."""
+    folder = version_folder(tmp_path / "v1", seed=1)
+    done = published(tmp_path, 1, folder)
+    sender.offer(1, folder, done.manifest_data)
+    receive(sender.address, 1, done.manifest_sha256)
+    settled = sender._store.num_keys()
+
+    for _ in range(3):
+        receive(sender.address, 1, done.manifest_sha256)
+    with pytest.raises(TransferError, match="refused"):
+        receive(sender.address, 2, done.manifest_sha256)
+    deadline = time.monotonic() + 5  # the sender deletes its group's keys once its last send returns
+    while sender._store.num_keys() > settled and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+    assert sender._store.num_keys() == settled
