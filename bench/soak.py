@@ -310,13 +310,14 @@ def report(folder: Path, minutes: float, warmup_minutes: float, how: str = "", s
             f"{name} {after[0][1].get(name, 0):.0f} -> {after[-1][1].get(name, 0):.0f} "
             f"({slope_per_hour([(t, sizes.get(name, 0.0)) for t, sizes in after]) if len(after) >= 3 else 0:+.0f}/h)"
             for name in sorted(after[-1][1])))
-    trend, spread = rate_trend(rows, warm, first_step_at)
+    fitted, spread, error = rate_trend(rows, warm, first_step_at)
     print(f"steps: {len(rows)}; trained rollouts per minute, last quarter vs first quarter after warm-up: {rate:.2f}; "
-          f"fitted over every minute after warm-up: {trend:+.1f}% an hour (the minutes' spread {spread:.1f}%)")
+          f"fitted over every minute after warm-up: {fitted:+.1f} ± {error:.1f}% an hour (the minutes' spread "
+          f"{spread:.1f}%; ± one standard error, minutes taken as independent)")
     if sites:
         print_sites(folder / "run" / "memory")
     print(f"RESULT minutes={minutes:g} worst_rss_growth_pct_per_h={worst:.3g} rate_held={rate:.3g} "
-          f"rate_trend_pct_per_h={trend:.2g} steps={len(rows)}")
+          f"rate_trend_pct_per_h={fitted:.2g} rate_trend_error_pct_per_h={error:.2g} steps={len(rows)}")
 
 
 _GENERATION = re.compile(r" (\d\d)-(\d\d) (\d\d:\d\d:\d\d) .*Avg generation throughput: ([\d.]+) tokens/s")
@@ -406,26 +407,39 @@ def print_cpu(cpu: list[tuple[float, dict[str, float]]], rows: list[dict], first
           " probe ms: the median CPU time of a fixed piece of Python work, a machine that slows shows here)")
 
 
-def rate_trend(rows: list[dict], warm: float, first_step_at: float | None) -> tuple[float, float]:
+def rate_trend(rows: list[dict], warm: float, first_step_at: float | None) -> tuple[float, float, float]:
     """Rollouts trained in each whole minute from the warm-up's end to the last step, fitted by least
-    squares: the change per hour as a share of the fitted rate at the warm-up's end, and the minutes'
-    own spread (standard deviation over mean). The quarter ratio (`_rate_held`) compares two spans of
-    the run and moves with one slow span; the fit weighs every minute."""
+    squares (`trend`). The quarter ratio (`_rate_held`) compares two spans of the run and moves with
+    one slow span; the fit weighs every minute."""
+    nothing = float("nan"), float("nan"), float("nan")
     if not rows or first_step_at is None:
-        return float("nan"), float("nan")
+        return nothing
     per: dict[int, int] = {}
     for r in rows:
         minute = int((r["time_ms"] / 1000 - first_step_at) // 60)
         per[minute] = per.get(minute, 0) + r.get("rollouts", 0)
     minutes = [m for m in sorted(per) if m * 60 >= warm and m < max(per)]
     if len(minutes) < 3:
-        return float("nan"), float("nan")
-    points = [(60.0 * m, float(per[m])) for m in minutes]
+        return nothing
+    return trend([(60.0 * m, float(per[m])) for m in minutes])
+
+
+def trend(points: list[tuple[float, float]]) -> tuple[float, float, float]:
+    """(seconds, value) points fitted by least squares: the change an hour as % of the fitted value
+    at the first point, the points' own spread (standard deviation over mean, %), and the slope's
+    standard error in the same unit. The error takes the points as independent, which neighbouring
+    minutes of a run are not quite: read it as a lower bound."""
+    n = len(points)
     slope = slope_per_hour(points)
-    mean = sum(v for _, v in points) / len(points)
-    at_warm = mean + slope * (points[0][0] - sum(t for t, _ in points) / len(points)) / 3600
-    spread = (sum((v - mean) ** 2 for _, v in points) / (len(points) - 1)) ** 0.5 / mean if mean else float("nan")
-    return (100 * slope / at_warm if at_warm else float("nan")), 100 * spread
+    mean_t, mean = sum(t for t, _ in points) / n, sum(v for _, v in points) / n
+    at_first = mean + slope * (points[0][0] - mean_t) / 3600
+    spread = (sum((v - mean) ** 2 for _, v in points) / (n - 1)) ** 0.5 / mean if mean else float("nan")
+    hours = sum((t - mean_t) ** 2 for t, _ in points) / 3600**2
+    residuals = sum((v - mean - slope * (t - mean_t) / 3600) ** 2 for t, v in points)
+    error = (residuals / (n - 2) / hours) ** 0.5 if hours and n > 2 else float("nan")
+    if not at_first:
+        return float("nan"), 100 * spread, float("nan")
+    return 100 * slope / at_first, 100 * spread, 100 * error / abs(at_first)
 
 
 def _rate_held(rows: list[dict], warm: float, total: float, first_step_at: float | None) -> float:

@@ -28,16 +28,18 @@ def steps(rollouts_in_minute) -> list[dict]:
 
 def test_a_rate_that_falls_steadily_is_fitted_per_hour_of_its_value_at_the_warm_up_end():
     rows = steps(lambda minute: 1000 - 5 * (minute - 10))  # 1000 a minute at minute 10, 300 less an hour
-    trend, spread = soak.rate_trend(rows, warm=600.0, first_step_at=START)
+    trend, spread, error = soak.rate_trend(rows, warm=600.0, first_step_at=START)
     assert trend == pytest.approx(-30.0, abs=0.1)
-    assert spread > 0
+    assert spread > 0 and error == pytest.approx(0.0, abs=0.01)  # on the line: nothing left to err
 
 
 def test_a_held_rate_fits_flat_whatever_its_noise():
     rows = steps(lambda minute: 1000 + (100 if minute % 2 else -100))
-    trend, spread = soak.rate_trend(rows, warm=600.0, first_step_at=START)
+    trend, spread, error = soak.rate_trend(rows, warm=600.0, first_step_at=START)
     assert abs(trend) < 2.0
     assert spread == pytest.approx(10.0, abs=0.5)
+    # +-10% a minute over 49 minutes: 10% / sqrt(sum of squared hours from their mean) ~ 6.2% an hour
+    assert error == pytest.approx(6.2, abs=0.3)
 
 
 def test_vllm_generation_throughput_is_read_from_each_servers_log(tmp_path: Path):
