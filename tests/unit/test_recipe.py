@@ -208,6 +208,8 @@ def test_progress_rebuilds_metrics_from_the_log_and_draws_the_curve(tmp_path):
     assert "r1 v3 (serving, last load 0.15 s directly (paused 50 ms: drain 2, apply 45))" in shown
     png = plot(progress.curve.rows, tmp_path / "curve.png")
     assert png.read_bytes()[:4] == b"\x89PNG"
+    # the curve holds what it draws of each step, not the whole row the metrics file has
+    assert progress.curve.rows[0] == {"step": 1, "reward_mean": pytest.approx(0.1), "metric/completion_tokens": 4.0}
 
 
 def test_progress_holds_a_bounded_part_of_a_long_runs_steps_and_writes_every_one(tmp_path, monkeypatch):
